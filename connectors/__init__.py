@@ -1,0 +1,48 @@
+"""Storage for slicefeed: filesystems, readers, writers, committed datasets.
+
+Public API::
+
+    from slicefeed.connectors import (
+        resolve_filesystem, expand_paths,
+        read_parquet, read_jsonl, read_csv, read_text,
+        write_parquet, read_dataset, read_manifest,
+    )
+
+This package never imports jax.
+"""
+
+from slicefeed.connectors._errors import (
+    AlreadyCommittedError,
+    BadRecordError,
+    CorruptFileError,
+    NotCommittedError,
+    SlicefeedError,
+    SpecError,
+)
+from slicefeed.connectors._fs import ResolvedPath, expand_paths, resolve_filesystem
+from slicefeed.connectors._manifest import (
+    MANIFEST_NAME,
+    REPORT_NAME,
+    Manifest,
+    ManifestFile,
+    is_committed,
+    read_manifest,
+)
+
+__all__ = [
+    "AlreadyCommittedError",
+    "BadRecordError",
+    "CorruptFileError",
+    "MANIFEST_NAME",
+    "Manifest",
+    "ManifestFile",
+    "NotCommittedError",
+    "REPORT_NAME",
+    "ResolvedPath",
+    "SlicefeedError",
+    "SpecError",
+    "expand_paths",
+    "is_committed",
+    "read_manifest",
+    "resolve_filesystem",
+]

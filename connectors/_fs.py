@@ -1,0 +1,174 @@
+"""The one place that turns a URI into a filesystem and a path.
+
+``gs://`` goes through gcsfs; local paths and ``file://`` through fsspec's
+local filesystem; any other protocol fsspec knows (``memory://``, ``s3://``
+when ``s3fs`` is installed, ...) through fsspec. Ray Data gets the fsspec
+filesystem as is: it wraps it in ``pyarrow.fs.PyFileSystem(FSSpecHandler(...))``
+itself.
+
+Credentials never appear in what this module logs or raises: messages name
+the URI and, for a key file, only that a key file was used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import fsspec
+
+_GLOB_CHARS = set("*?[")
+
+
+@dataclasses.dataclass(frozen=True)
+class ResolvedPath:
+    """A URI resolved to an fsspec filesystem and a protocol-less path.
+
+    Attributes:
+        uri: The URI as the user wrote it (normalised for ``file://``).
+        fs: The fsspec filesystem that serves it (picklable; ships to Ray workers).
+        path: The path on ``fs`` (``bucket/prefix`` for gs://, absolute for local).
+        protocol: ``"gs"``, ``"file"``, or another fsspec protocol.
+    """
+
+    uri: str
+    fs: fsspec.AbstractFileSystem
+    path: str
+    protocol: str
+
+    def join(self, *parts: str) -> "ResolvedPath":
+        """The resolved path of ``parts`` under this one, on the same filesystem."""
+        path = "/".join([self.path.rstrip("/"), *[p.strip("/") for p in parts]])
+        return dataclasses.replace(self, uri=self.to_uri(path), path=path)
+
+    def to_uri(self, path: str) -> str:
+        """The URI a user would write for ``path`` on this filesystem."""
+        if self.protocol == "file":
+            return path
+        return f"{self.protocol}://{path}"
+
+
+def _split_protocol(uri: str) -> tuple[str, str]:
+    if "://" in uri:
+        protocol, rest = uri.split("://", 1)
+        return protocol.lower(), rest
+    return "file", uri
+
+
+def _gcs_filesystem(
+    *, token: Any, project: str | None, storage_options: dict[str, Any]
+) -> fsspec.AbstractFileSystem:
+    if os.environ.get("STORAGE_EMULATOR_HOST"):
+        # gcsfs reads this at import time; against an emulator the experimental
+        # zonal/HNS probe stalls a minute per bucket (DESIGN.md).
+        os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+    import gcsfs
+
+    kwargs: dict[str, Any] = dict(storage_options)
+    kwargs.setdefault("token", token)
+    if project is not None:
+        kwargs.setdefault("project", project)
+    return gcsfs.GCSFileSystem(**kwargs)
+
+
+def resolve_filesystem(
+    uri: str | os.PathLike[str],
+    *,
+    credentials: str | os.PathLike[str] | None = None,
+    anonymous: bool | None = None,
+    project: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> ResolvedPath:
+    """Resolves ``uri`` to a filesystem and a path on it.
+
+    Args:
+        uri: ``gs://bucket/prefix``, a local path, ``file:///abs/path``, or any
+            fsspec URI. Glob characters are kept in ``path``; see
+            :func:`expand_paths`.
+        credentials: For ``gs://``: path to a service-account key file. Default:
+            application-default credentials (``google_default``).
+        anonymous: For ``gs://``: no credentials at all (public buckets, emulators).
+            Defaults to True when ``STORAGE_EMULATOR_HOST`` is set.
+        project: GCP project for ``gs://`` (listing buckets, requester pays).
+        storage_options: Extra keyword arguments for the fsspec filesystem.
+
+    Returns:
+        A :class:`ResolvedPath`.
+
+    Raises:
+        ValueError: If both ``credentials`` and ``anonymous=True`` are given.
+    """
+    uri = os.fspath(uri)
+    storage_options = dict(storage_options or {})
+    protocol, rest = _split_protocol(uri)
+    if protocol in ("gs", "gcs"):
+        if credentials is not None and anonymous:
+            raise ValueError(
+                f"{uri}: pass either credentials= (a key file) or anonymous=True, not both."
+            )
+        if anonymous is None:
+            anonymous = bool(os.environ.get("STORAGE_EMULATOR_HOST")) and credentials is None
+        if anonymous:
+            token: Any = "anon"
+        elif credentials is not None:
+            key = os.fspath(credentials)
+            if not os.path.exists(key):
+                raise FileNotFoundError(
+                    f"{uri}: the service-account key file given as credentials does not "
+                    "exist; pass the path of a JSON key file, or leave credentials unset "
+                    "to use application-default credentials."
+                )
+            token = key
+        else:
+            token = "google_default"
+        fs = _gcs_filesystem(token=token, project=project, storage_options=storage_options)
+        path = rest.strip("/")
+        return ResolvedPath(uri=f"gs://{path}", fs=fs, path=path, protocol="gs")
+    if protocol == "file":
+        fs = fsspec.filesystem("file", **storage_options)
+        path = os.path.abspath(os.path.expanduser(rest))
+        return ResolvedPath(uri=path, fs=fs, path=path, protocol="file")
+    fs, path = fsspec.core.url_to_fs(uri, **storage_options)
+    return ResolvedPath(uri=uri, fs=fs, path=path, protocol=protocol)
+
+
+def has_glob(path: str) -> bool:
+    """Whether ``path`` contains glob characters (``*``, ``?``, ``[``)."""
+    return any(c in _GLOB_CHARS for c in path)
+
+
+def expand_paths(resolved: ResolvedPath, *, suffixes: tuple[str, ...] = ()) -> list[str]:
+    """Lists the files ``resolved`` names, sorted: a file, a directory, or a glob.
+
+    Directories are walked recursively; hidden and underscore-prefixed files
+    (``_manifest.json``, ``.crc``) are skipped, as Ray Data does, and when
+    ``suffixes`` is given only files ending in one of them are kept. A glob or
+    a single file is taken as written.
+
+    Raises:
+        FileNotFoundError: naming the URI when nothing matches.
+    """
+    fs, path = resolved.fs, resolved.path
+    if has_glob(path):
+        found = sorted(p for p in fs.glob(path) if not fs.isdir(p))
+    elif fs.isdir(path):
+        found = sorted(
+            p
+            for p in fs.find(path)
+            if not any(part.startswith(("_", ".")) for part in p[len(path) :].split("/"))
+            and (not suffixes or p.endswith(suffixes))
+        )
+    elif fs.exists(path):
+        found = [path]
+    else:
+        found = []
+    if not found:
+        what = "matches the pattern" if has_glob(path) else "exists at"
+        raise FileNotFoundError(
+            f"No file {what} {resolved.uri}. Check the URI (gs://bucket/prefix, a local "
+            "path, or a glob such as gs://bucket/raw/*.parquet) and that your "
+            "credentials can list it."
+        )
+    # fsspec's local filesystem returns absolute paths; gcsfs returns bucket/key.
+    return found

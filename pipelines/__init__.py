@@ -1,0 +1,1 @@
+"""Pipelines: specs, Ray Dataset building, batch jobs, the JAX loader, the CLI."""

@@ -1,0 +1,105 @@
+"""Shared fixtures: a real local Ray cluster, a real GCS emulator, 8 JAX CPU devices.
+
+- ``gcs``: a ``gcp-storage-emulator`` server on a free loopback port (session);
+  ``STORAGE_EMULATOR_HOST`` points gcsfs at it, in this process and in the Ray
+  workers started after it.
+- ``ray_cluster``: ``ray.init(address="local", num_cpus=2)`` once per session.
+- ``base_uri``: parametrised over ``local`` and ``gcs``: a fresh empty prefix
+  whose path contains spaces, on local disk or in a fresh emulator bucket.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from _harness import GCSEmulator, configure_process_env  # noqa: E402
+
+configure_process_env()
+
+import pytest  # noqa: E402
+
+_EMULATOR: GCSEmulator | None = None
+
+
+def _emulator() -> GCSEmulator:
+    # Started at most once per session, before Ray, so Ray workers inherit
+    # STORAGE_EMULATOR_HOST.
+    global _EMULATOR
+    if _EMULATOR is None:
+        _EMULATOR = GCSEmulator().start()
+        os.environ["STORAGE_EMULATOR_HOST"] = _EMULATOR.endpoint
+    return _EMULATOR
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _EMULATOR is not None:
+        _EMULATOR.stop()
+
+
+@pytest.fixture(scope="session")
+def gcs() -> GCSEmulator:
+    """The session's GCS emulator server."""
+    return _emulator()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(gcs):
+    """A real local Ray cluster shared by the session (2 CPUs, like CI)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(
+            address="local",
+            num_cpus=2,
+            object_store_memory=1 << 30,
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=False,
+        )
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture
+def bucket(gcs) -> str:
+    """A fresh, empty bucket on the emulator."""
+    name = f"sf-{uuid.uuid4().hex[:12]}"
+    gcs.create_bucket(name)
+    return name
+
+
+@pytest.fixture
+def local_dir(tmp_path) -> str:
+    """A fresh local directory whose path contains spaces."""
+    d = tmp_path / "with spaces" / "data set"
+    d.mkdir(parents=True)
+    return str(d)
+
+
+@pytest.fixture(params=["local", "gcs"])
+def base_uri(request, tmp_path) -> str:
+    """A fresh empty prefix with spaces in it, on local disk or the GCS emulator."""
+    if request.param == "local":
+        d = tmp_path / "with spaces" / "data set"
+        d.mkdir(parents=True)
+        return str(d)
+    gcs = request.getfixturevalue("gcs")
+    name = f"sf-{uuid.uuid4().hex[:12]}"
+    gcs.create_bucket(name)
+    return f"gs://{name}/with spaces/data set"
+
+
+@pytest.fixture(scope="session")
+def jax_cpu():
+    """JAX with 8 CPU devices (XLA_FLAGS is set before jax is imported)."""
+    import jax
+
+    assert jax.device_count() == 8, (
+        f"expected 8 CPU devices, got {jax.device_count()}: XLA_FLAGS must be set "
+        "before jax is imported"
+    )
+    return jax

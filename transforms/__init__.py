@@ -1,0 +1,1 @@
+"""Arrow-native batch transforms (pa.Table -> pa.Table). Never imports jax."""
