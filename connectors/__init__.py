@@ -23,6 +23,7 @@ from slicefeed.connectors._fs import ResolvedPath, expand_paths, resolve_filesys
 from slicefeed.connectors._readers import (
     PROVENANCE_FILE,
     PROVENANCE_ROW,
+    peek_schema,
     read_csv,
     read_jsonl,
     read_parquet,
@@ -54,6 +55,7 @@ __all__ = [
     "SpecError",
     "expand_paths",
     "is_committed",
+    "peek_schema",
     "read_csv",
     "read_dataset",
     "read_jsonl",

@@ -371,3 +371,78 @@ def read_text(
         suffixes=(), fs_kwargs=fs_kwargs, ray_kwargs=ray_kwargs,
         datasource_kwargs={"drop_empty_lines": drop_empty_lines},
     )
+
+
+_PEEK_BYTES = 1 << 20
+
+
+def peek_schema(
+    fmt: str,
+    uri: str | os.PathLike[str],
+    *,
+    columns: Sequence[str] | None = None,
+    provenance: bool = False,
+    **fs_kwargs: Any,
+) -> pa.Schema:
+    """The schema a reader will produce, from the first file only, without Ray.
+
+    Parquet reads one footer; JSONL and CSV parse up to the first MiB (so a
+    column that first appears later is not seen); text is always ``text: string``.
+    Used to check a pipeline's transforms before any Ray work starts.
+
+    Raises:
+        FileNotFoundError: nothing at ``uri``.
+        CorruptFileError / BadRecordError: the first file cannot be parsed (named).
+    """
+    source = resolve_filesystem(uri, **fs_kwargs)
+    suffixes = {
+        "parquet": (".parquet", ".pq"),
+        "jsonl": (".jsonl", ".json", ".ndjson", ".jsonl.gz", ".json.gz"),
+        "csv": (".csv", ".csv.gz", ".tsv"),
+        "text": (),
+    }[fmt]
+    first = expand_paths(source, suffixes=suffixes)[0]
+    shown = source.to_uri(first)
+    if fmt == "text":
+        schema = pa.schema([("text", pa.string())])
+    elif fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            with source.fs.open(first, "rb") as f:
+                schema = pq.ParquetFile(f).schema_arrow
+        except (pa.ArrowInvalid, OSError) as e:
+            raise CorruptFileError(
+                f"{shown} is not a readable Parquet file ({e}). Replace or remove the file and rerun."
+            ) from None
+    else:
+        with source.fs.open(first, "rb", compression="infer") as f:
+            head = f.read(_PEEK_BYTES)
+        if len(head) == _PEEK_BYTES and b"\n" in head:
+            head = head[: head.rindex(b"\n") + 1]
+        try:
+            if fmt == "jsonl":
+                import pyarrow.json as pajson
+
+                schema = pajson.read_json(io.BytesIO(head)).schema
+            else:
+                import pyarrow.csv as pacsv
+
+                schema = pacsv.read_csv(io.BytesIO(head)).schema
+        except pa.ArrowInvalid as e:
+            if fmt == "jsonl":
+                raise _locate_bad_json_line(head, shown, e) from None
+            raise BadRecordError(f"{shown}: cannot be parsed as CSV ({e}). {_FIX_HINT}") from None
+    if columns is not None:
+        missing = [c for c in columns if c not in schema.names]
+        if missing:
+            raise SpecError(
+                f"{shown}: column(s) {missing} not found; available: {', '.join(schema.names)}. "
+                "Fix `columns` in the source options."
+            )
+        schema = pa.schema([schema.field(c) for c in columns])
+    if provenance:
+        schema = schema.append(pa.field(PROVENANCE_FILE, pa.string())).append(
+            pa.field(PROVENANCE_ROW, pa.int64())
+        )
+    return schema

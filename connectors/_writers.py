@@ -15,7 +15,7 @@ import hashlib
 import logging
 import os
 import uuid
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -64,6 +64,9 @@ class CommittedParquetDatasink(Datasink[dict]):
         metadata: Extra JSON-serialisable manifest metadata.
         compression: Parquet codec.
         min_rows_per_file: Passed to Ray as the minimum rows per write task.
+        row_group_size: Maximum rows per Parquet row group.
+        before_commit: Called with the manifest about to be written; raising
+            aborts the commit (e.g. too many bad records).
     """
 
     def __init__(
@@ -76,8 +79,10 @@ class CommittedParquetDatasink(Datasink[dict]):
         compression: str = "snappy",
         min_rows_per_file: int | None = None,
         row_group_size: int | None = None,
+        before_commit: Callable[[Manifest], None] | None = None,
     ):
         self.target = target
+        self.before_commit = before_commit
         self.run_id = run_id
         self.fingerprint = fingerprint
         self.metadata = dict(metadata or {})
@@ -130,6 +135,8 @@ class CommittedParquetDatasink(Datasink[dict]):
             fingerprint=self.fingerprint,
             metadata={**self.metadata, "run_id": self.run_id},
         )
+        if self.before_commit is not None:
+            self.before_commit(manifest)
         _write_bytes(manifest_location(self.target), manifest.to_json().encode("utf-8"))
         self.manifest = manifest
         _delete_strays(self.target, keep={f.path for f in files})
@@ -188,6 +195,7 @@ def write_parquet(
     min_rows_per_file: int | None = None,
     row_group_size: int | None = None,
     ray_remote_args: dict[str, Any] | None = None,
+    before_commit: Callable[[Manifest], None] | None = None,
     **fs_kwargs: Any,
 ) -> Manifest:
     """Writes ``ds`` as a committed Parquet dataset at ``uri`` and returns its manifest.
@@ -206,6 +214,8 @@ def write_parquet(
         min_rows_per_file: Minimum rows per shard (Ray buffers rows to reach it).
         row_group_size: Maximum rows per Parquet row group.
         ray_remote_args: Ray options for the write tasks.
+        before_commit: Called with the manifest just before it is written;
+            raising aborts the commit and leaves the prefix uncommitted.
         **fs_kwargs: Passed to :func:`resolve_filesystem`.
 
     Raises:
@@ -230,6 +240,7 @@ def write_parquet(
         compression=compression,
         min_rows_per_file=min_rows_per_file,
         row_group_size=row_group_size,
+        before_commit=before_commit,
     )
     ds.write_datasink(sink, ray_remote_args=ray_remote_args)
     if sink.manifest is None:  # Ray skipped on_write_complete: no blocks at all
@@ -242,6 +253,7 @@ def read_dataset(
     uri: str | os.PathLike[str],
     *,
     columns: Sequence[str] | None = None,
+    provenance: bool = False,
     **kwargs: Any,
 ) -> ray.data.Dataset:
     """Lazily reads the committed dataset at ``uri``, through its manifest only.
@@ -252,6 +264,7 @@ def read_dataset(
     Args:
         uri: The dataset prefix.
         columns: Columns to read (projection).
+        provenance: Add ``_sf_file`` (shard name) and ``_sf_row`` columns.
         **kwargs: ``credentials``/``anonymous``/``project``/``storage_options`` go to
             :func:`resolve_filesystem`; the rest to ``ray.data.read_parquet``.
 
@@ -259,7 +272,7 @@ def read_dataset(
         NotCommittedError: ``uri`` has no manifest.
         FileNotFoundError: A file the manifest lists is missing.
     """
-    from slicefeed.connectors._readers import _split_kwargs
+    from slicefeed.connectors._readers import ParquetFilesDatasource, _split_kwargs
 
     fs_kwargs, ray_kwargs = _split_kwargs(dict(kwargs))
     target = resolve_filesystem(uri, **fs_kwargs)
@@ -274,6 +287,11 @@ def read_dataset(
     if not manifest.files:
         return ray.data.from_arrow(manifest.schema.empty_table())
     paths = [target.join(f.path).path for f in manifest.files]
+    if provenance:
+        return ray.data.read_datasource(
+            ParquetFilesDatasource(paths, source=target, columns=columns, provenance=True),
+            **ray_kwargs,
+        )
     try:
         return ray.data.read_parquet(
             paths, filesystem=target.fs, columns=list(columns) if columns else None, **ray_kwargs
