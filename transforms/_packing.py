@@ -194,11 +194,13 @@ class PackSequences(Transform):
             bins, offs = part_bin, lo - part_bin * S
             seg_row = item_row[part_item]
             lens, srcs = part_len, part_src
+            counts_once = segment_arange(nparts) == 0
         else:
             bins, offs = pack_plan(item_len, S, self.strategy)
             lens = item_len
             srcs = offsets[item_row] + item_start
             seg_row = item_row
+            counts_once = np.ones(len(bins), bool)
         n_bins = int(bins.max()) + 1 if len(bins) else 0
         tokens = np.full(n_bins * S, self.pad_id, dtype=np.int32)
         seg = np.zeros(n_bins * S, dtype=np.int32)
@@ -228,7 +230,8 @@ class PackSequences(Transform):
             first_row[bins[is_first]] = seg_row[is_first]
         if self.overflow == "truncate":
             tr = np.zeros(n_bins, np.int64)
-            np.add.at(tr, bins, truncated[seg_row])
+            # A sequence cut by concat spans rows: count its loss once.
+            np.add.at(tr, bins[counts_once], truncated[seg_row[counts_once]])
             cols["truncated_tokens"] = pa.array(tr.astype(np.int32))
         for c in (PROVENANCE_FILE, PROVENANCE_ROW):
             if c in table.column_names:
