@@ -115,7 +115,21 @@ class RetryingGCSFileSystem(gcsfs.GCSFileSystem):
                 sock_connect=DEFAULT_CONNECT_TIMEOUT_S,
                 sock_read=DEFAULT_READ_TIMEOUT_S,
             )
-        super().__init__(*args, **kwargs)
+        token = kwargs.get("token")
+        try:
+            super().__init__(*args, **kwargs)
+        except Exception as e:
+            if not (isinstance(token, dict) or (isinstance(token, str) and os.path.isfile(token))):
+                raise
+            # Neither the key's path nor its contents go into the message, and
+            # the chain (which google-auth/gcsfs fill with parsing details) is
+            # dropped.
+            raise ValueError(
+                "credentials: the service-account key could not be loaded "
+                f"({type(e).__name__}). Pass a JSON key file of type 'service_account' "
+                "(IAM > Service accounts > Keys), or leave credentials unset to use "
+                "application-default credentials / Workload Identity."
+            ) from None
         self.retries = int(retries)
         if "ray.data" in sys.modules:
             # A driver that uses Ray Data gets layer 2 without another call.

@@ -236,3 +236,33 @@ def test_unreadable_or_non_mapping_spec(tmp_path):
     p.write_text("- a\n- b\n")
     with pytest.raises(SpecError, match="must be a YAML mapping"):
         build_manifests(str(p))
+
+
+def test_credentials_never_reach_the_manifests(tmp_path, capsys):
+    key = tmp_path / "keys" / "sa-key-9d8c.json"
+    key.parent.mkdir()
+    key.write_text('{"type": "service_account", "private_key": "PRIVATE-KEY-MARKER-77"}')
+    p = tmp_path / "job.yaml"
+    p.write_text(
+        "name: secret-job\n"
+        f"source: {{uri: 'gs://b/in', credentials: '{key}'}}\n"
+        f"sink: {{uri: 'gs://b/out', storage_options: {{token: '{key}'}}}}\n"
+    )
+    for kwargs in ({}, {"schedule": "@daily"}, {"credentials_secret": "gcp-sa-key"}):
+        out = render(build_manifests(str(p), image="img", **kwargs))
+        assert str(key) not in out and "sa-key-9d8c" not in out
+        assert "PRIVATE-KEY-MARKER-77" not in out
+        for doc in yaml.safe_load_all(out):
+            if doc["kind"] == "RayJob":
+                _validate(RAYJOB, doc)
+    assert "removed source.credentials, sink.storage_options.token" in capsys.readouterr().err
+    # The shipped spec keeps everything else.
+    docs = build_manifests(str(p), image="img", credentials_secret="gcp-sa-key")
+    shipped = yaml.safe_load(docs[0]["data"]["pipeline.yaml"])
+    assert shipped == {"name": "secret-job", "source": {"uri": "gs://b/in"},
+                       "sink": {"uri": "gs://b/out", "storage_options": {}}}
+    # A Secret is referenced by name only and mounted for GOOGLE_APPLICATION_CREDENTIALS.
+    head = docs[1]["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    assert {"name": "gcp-key", "secret": {"secretName": "gcp-sa-key"}} in head["volumes"]
+    assert {"name": "GOOGLE_APPLICATION_CREDENTIALS",
+            "value": "/var/secrets/google/key.json"} in head["containers"][0]["env"]
