@@ -20,6 +20,16 @@ from slicefeed.connectors._errors import (
     SpecError,
 )
 from slicefeed.connectors._fs import ResolvedPath, expand_paths, resolve_filesystem
+from slicefeed.connectors._readers import (
+    PROVENANCE_FILE,
+    PROVENANCE_ROW,
+    peek_schema,
+    read_csv,
+    read_jsonl,
+    read_parquet,
+    read_text,
+)
+from slicefeed.connectors._writers import read_dataset, write_parquet
 from slicefeed.connectors._manifest import (
     MANIFEST_NAME,
     REPORT_NAME,
@@ -37,12 +47,21 @@ __all__ = [
     "Manifest",
     "ManifestFile",
     "NotCommittedError",
+    "PROVENANCE_FILE",
+    "PROVENANCE_ROW",
     "REPORT_NAME",
     "ResolvedPath",
     "SlicefeedError",
     "SpecError",
     "expand_paths",
     "is_committed",
+    "peek_schema",
+    "read_csv",
+    "read_dataset",
+    "read_jsonl",
+    "read_parquet",
+    "read_text",
+    "write_parquet",
     "read_manifest",
     "resolve_filesystem",
 ]

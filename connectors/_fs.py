@@ -63,13 +63,13 @@ def _gcs_filesystem(
         # gcsfs reads this at import time; against an emulator the experimental
         # zonal/HNS probe stalls a minute per bucket (DESIGN.md).
         os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
-    import gcsfs
+    from slicefeed.connectors._retry import RetryingGCSFileSystem
 
     kwargs: dict[str, Any] = dict(storage_options)
     kwargs.setdefault("token", token)
     if project is not None:
         kwargs.setdefault("project", project)
-    return gcsfs.GCSFileSystem(**kwargs)
+    return RetryingGCSFileSystem(**kwargs)
 
 
 def resolve_filesystem(

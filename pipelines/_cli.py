@@ -1,5 +1,240 @@
-"""The ``slicefeed`` command line."""
+"""The ``slicefeed`` command line (argparse).
+
+Exit codes: 0 success; 2 invalid usage or spec (bad YAML, unknown key,
+refused overwrite); 1 runtime failure. Errors print one paragraph, not a
+traceback, unless ``--debug``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any, Callable, Sequence
+
+from slicefeed.connectors import AlreadyCommittedError, SpecError
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 
-def main(argv=None) -> int:  # replaced by the real CLI
-    raise SystemExit("slicefeed CLI: not built yet")
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # exit code 2 with one paragraph
+        raise _UsageError(f"{self.prog}: {message}. See `{self.prog} --help`.")
+
+
+def _init_ray(address: str | None) -> None:
+    """Joins ``--address``/``RAY_ADDRESS`` if given, else starts a local Ray."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = address or os.environ.get("RAY_ADDRESS")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if address:
+        ray.init(address=address, logging_level="WARNING")
+    else:
+        # "local" never joins a stale cluster left in /tmp/ray (DESIGN.md).
+        ray.init(address="local", include_dashboard=False, logging_level="WARNING")
+
+
+# -- commands ---------------------------------------------------------------------
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from slicefeed.pipelines._pipeline import load_pipeline
+
+    p = load_pipeline(args.pipeline, args.set)
+    schema = p.check()
+    print(f"{args.pipeline}: valid pipeline {p.name!r} ({len(p.transforms)} transforms, "
+          f"fingerprint {p.fingerprint[:12]}).")
+    print("output schema:")
+    for f in schema:
+        print(f"  {f.name}: {f.type}")
+    return EXIT_OK
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from slicefeed.pipelines._pipeline import load_pipeline
+
+    p = load_pipeline(args.pipeline, args.set)
+    p.check()  # before starting Ray
+    _init_ray(args.address)
+    report = p.run(overwrite=args.overwrite)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2, default=str))
+    else:
+        print(report.summary())
+    return EXIT_OK
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from slicefeed.pipelines._inspect import inspect_uri
+
+    info = inspect_uri(args.uri, fmt=args.format)
+    if args.json:
+        print(json.dumps(info, indent=2, default=str))
+        return EXIT_OK
+    print(f"{info['uri']}: {info['kind']}")
+    print(f"  rows: {info['num_rows'] if info['num_rows'] is not None else 'unknown'}")
+    print(f"  files: {len(info['files'])}, bytes: {info['num_bytes']:,}")
+    if info.get("fingerprint"):
+        print(f"  fingerprint: {info['fingerprint']}")
+    print("  schema:")
+    for name, typ in info["schema"].items():
+        print(f"    {name}: {typ}")
+    for f in info["files"][: args.max_files]:
+        rows = f.get("num_rows")
+        print(f"    {f['path']}  {f['num_bytes']:,} bytes" + (f"  {rows} rows" if rows is not None else ""))
+    if len(info["files"]) > args.max_files:
+        print(f"    ... {len(info['files']) - args.max_files} more")
+    return EXIT_OK
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from slicefeed.pipelines._demo import demo_spec, write_corpus
+    from slicefeed.pipelines._pipeline import Pipeline
+
+    root = os.path.abspath(args.dir)
+    raw, out = os.path.join(root, "raw"), os.path.join(root, "out")
+    t0 = time.perf_counter()
+    paths = write_corpus(raw, rows=args.rows)
+    import yaml
+
+    spec = demo_spec(raw, out)
+    spec_path = os.path.join(root, "pipeline.yaml")
+    with open(spec_path, "w", encoding="utf-8") as f:
+        yaml.safe_dump(spec, f, sort_keys=False)
+    print(f"demo: wrote {args.rows} JSONL documents in {len(paths)} files to {raw} "
+          f"({time.perf_counter() - t0:.1f} s); pipeline spec: {spec_path}")
+    p = Pipeline(spec, source_name=spec_path)
+    p.check()
+    _init_ray(args.address)
+    report = p.run(overwrite=args.overwrite)
+    print(report.summary())
+    print(f"demo: read it back with slicefeed.connectors.read_dataset({out!r}) or "
+          f"`slicefeed inspect {out}`.")
+    return EXIT_OK
+
+
+# -- parser -----------------------------------------------------------------------
+
+# Subcommands that live in their own modules: (module, function adding the parser).
+# Each sets `func` (or `handler`) to a function of the parsed args returning an exit code.
+_EXTENSIONS: list[tuple[str, str]] = [
+    ("slicefeed.pipelines._k8s", "add_parser"),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="slicefeed",
+        description="Batch preprocessing on Ray Data that feeds TPU slices.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def common(p: argparse.ArgumentParser, *, ray_: bool = False, spec: bool = False) -> None:
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="show full tracebacks")
+        if spec:
+            p.add_argument("pipeline", help="pipeline spec (YAML)")
+            p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
+                           help="override a spec value, e.g. --set sink.uri=/tmp/out (repeatable)")
+        if ray_:
+            p.add_argument("--address", default=None,
+                           help="Ray cluster to use (default: RAY_ADDRESS, else a local Ray)")
+
+    p = sub.add_parser("run", help="run a pipeline and commit its sink")
+    common(p, ray_=True, spec=True)
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a sink committed by a different pipeline")
+    p.add_argument("--json", action="store_true", help="print the run report as JSON")
+    p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("validate", help="validate a spec against its source schema (no Ray)")
+    common(p, spec=True)
+    p.set_defaults(func=_cmd_validate)
+
+    p = sub.add_parser("inspect", help="schema, rows, files and bytes of raw files or a committed dataset")
+    common(p)
+    p.add_argument("uri", help="a committed dataset prefix, a file, a folder or a glob")
+    p.add_argument("--format", choices=["auto", "parquet", "jsonl", "csv", "text"], default="auto")
+    p.add_argument("--json", action="store_true", help="print as JSON")
+    p.add_argument("--max-files", type=int, default=20, help="files to list (default 20)")
+    p.set_defaults(func=_cmd_inspect)
+
+    p = sub.add_parser("demo", help="generate a small corpus locally and run the built-in pipeline")
+    common(p, ray_=True)
+    p.add_argument("--dir", default="slicefeed-demo", help="folder to write into (default ./slicefeed-demo)")
+    p.add_argument("--rows", type=int, default=20000, help="documents to generate (default 20000)")
+    p.add_argument("--overwrite", action="store_true", help="recompute even if already committed")
+    p.set_defaults(func=_cmd_demo)
+
+    import importlib
+
+    for module, fn in _EXTENSIONS:
+        getattr(importlib.import_module(module), fn)(sub)
+    return parser
+
+
+_USAGE_ERRORS: tuple[type[BaseException], ...] = (SpecError, AlreadyCommittedError, _UsageError)
+
+
+def _root_cause(e: BaseException) -> BaseException:
+    """The innermost slicefeed/builtin error under Ray's wrappers."""
+    seen = set()
+    cur: BaseException | None = e
+    best = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        best = cur
+        cause = getattr(cur, "cause", None)
+        cur = cause if isinstance(cause, BaseException) else (cur.__cause__ or None)
+    return best
+
+
+def _one_paragraph(e: BaseException) -> str:
+    root = _root_cause(e)
+    text = str(root).strip() or type(root).__name__
+    # Ray's wrappers prefix tracebacks; keep the last non-empty line group.
+    if "Traceback" in text:
+        text = text.strip().splitlines()[-1]
+    return text
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``slicefeed`` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    try:
+        args = build_parser().parse_args(argv)
+        handler = getattr(args, "func", None) or args.handler
+        return int(handler(args) or 0)
+    except SystemExit as e:  # --help
+        return int(e.code or 0)
+    except BrokenPipeError:  # `slicefeed inspect ... | head`
+        sys.stdout = open(os.devnull, "w")
+        return EXIT_OK
+    except KeyboardInterrupt:
+        print("slicefeed: interrupted; nothing was committed by the interrupted run.", file=sys.stderr)
+        return 130
+    except BaseException as e:  # noqa: BLE001 - the CLI's one place that reports errors
+        if debug:
+            raise
+        root = _root_cause(e)
+        usage = isinstance(e, _USAGE_ERRORS) or isinstance(root, _USAGE_ERRORS)
+        kind = "error" if usage else f"{type(root).__name__}"
+        print(f"slicefeed: {kind}: {_one_paragraph(e)}", file=sys.stderr)
+        if not usage:
+            print("(rerun with --debug for the full traceback)", file=sys.stderr)
+        return EXIT_USAGE if usage else EXIT_FAILURE
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

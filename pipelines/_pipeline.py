@@ -1,0 +1,434 @@
+"""`Pipeline`: a validated spec turned into a lazy Ray Dataset, and batch runs.
+
+``dataset()`` reads the source(s) with provenance (row identity for seeded
+transforms and error messages), applies the transforms with
+``map_batches(batch_format="pyarrow")`` (consecutive row-level transforms fused
+into one stage; dataset-level ones such as ``deduplicate`` through their
+``dataset_op``; transforms that need statistics are fitted first with Ray
+aggregations), applies the bad-record policy after every transform, and drops
+the provenance columns. ``run()`` writes the result as a committed dataset and
+returns a :class:`RunReport`, also written as ``_report.json`` beside the
+manifest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import time
+import uuid
+from importlib import metadata as _md
+from typing import Any, Mapping, Sequence
+
+import pyarrow as pa
+import ray
+
+from slicefeed.connectors import (
+    PROVENANCE_FILE,
+    PROVENANCE_ROW,
+    REPORT_NAME,
+    AlreadyCommittedError,
+    BadRecordError,
+    Manifest,
+    SpecError,
+    is_committed,
+    peek_schema,
+    read_csv,
+    read_dataset,
+    read_jsonl,
+    read_manifest,
+    read_parquet,
+    read_text,
+    resolve_filesystem,
+    write_parquet,
+)
+from slicefeed.pipelines._spec import STORAGE_OPTIONS, fingerprint, load_spec, validate_spec
+
+_READERS = {"parquet": read_parquet, "jsonl": read_jsonl, "csv": read_csv, "text": read_text}
+QUARANTINE_DIR = "_quarantine"
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for pkg in ("slicefeed", "ray", "jax", "pyarrow"):
+        try:
+            out[pkg] = _md.version(pkg)
+        except _md.PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
+
+
+@ray.remote(num_cpus=0)
+class _Counters:
+    """Row counts reported by the transform stages of one run."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def add(self, delta: dict[str, int]) -> None:
+        for k, v in delta.items():
+            self.counts[k] = self.counts.get(k, 0) + v
+
+    def get(self) -> dict[str, int]:
+        return dict(self.counts)
+
+
+class _Stage:
+    """One fused ``map_batches`` stage: transforms in order + bad-record policy.
+
+    Picklable; ships to Ray workers. Bad rows (marked by a transform in
+    ``_sf_error``) are removed right after the transform that marked them:
+    ``fail`` raises :class:`BadRecordError` naming file and row; ``skip``
+    counts them; ``quarantine`` also writes them, with their provenance and
+    reason, under ``<sink>/_quarantine/``.
+    """
+
+    def __init__(
+        self,
+        transforms: Sequence[Any],
+        *,
+        on_error: str,
+        counters: Any = None,
+        quarantine: Any = None,
+        count_input: bool = False,
+    ):
+        self.transforms = list(transforms)
+        self.on_error = on_error
+        self.counters = counters
+        self.quarantine = quarantine  # ResolvedPath of <sink>/_quarantine or None
+        self.count_input = count_input
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        from slicefeed.transforms import bad_record_error, split_errors
+
+        delta: dict[str, int] = {}
+        if self.count_input:
+            delta["rows_read"] = table.num_rows
+        for i, t in enumerate(self.transforms):
+            n_in = table.num_rows
+            table, bad = split_errors(t(table))
+            if bad.num_rows:
+                if self.on_error == "fail":
+                    raise bad_record_error(bad, t)
+                key = "rows_quarantined" if self.on_error == "quarantine" else "rows_skipped"
+                delta[key] = delta.get(key, 0) + bad.num_rows
+                if self.on_error == "quarantine" and self.quarantine is not None:
+                    self._quarantine(bad, t)
+            delta[f"filtered:{t.name}"] = delta.get(f"filtered:{t.name}", 0) + (
+                n_in - table.num_rows - bad.num_rows
+            )
+        if self.counters is not None and delta:
+            ray.get(self.counters.add.remote(delta))
+        return table
+
+    def _quarantine(self, bad: pa.Table, transform: Any) -> None:
+        import hashlib
+
+        import pyarrow.parquet as pq
+
+        from slicefeed.transforms import ERROR_COLUMN
+
+        keep = [c for c in (PROVENANCE_FILE, PROVENANCE_ROW, ERROR_COLUMN) if c in bad.column_names]
+        rec = bad.select(keep).append_column("transform", pa.array([transform.name] * bad.num_rows))
+        # Named by content, so a rerun overwrites rather than duplicates.
+        key = hashlib.sha256(repr(rec.select(keep[:2]).to_pydict()).encode()).hexdigest()[:16]
+        out = self.quarantine.join(f"{transform.name}-{key}.parquet")
+        sink = pa.BufferOutputStream()
+        pq.write_table(rec, sink)
+        out.fs.makedirs(self.quarantine.path, exist_ok=True)
+        out.fs.pipe_file(out.path, sink.getvalue().to_pybytes())
+
+
+@dataclasses.dataclass
+class RunReport:
+    """What a run read, wrote and dropped, and how fast.
+
+    ``rows_read == rows_written + rows_filtered + rows_skipped + rows_quarantined``.
+    """
+
+    name: str
+    status: str  # "committed" | "already_committed"
+    sink: str
+    fingerprint: str
+    rows_read: int
+    rows_written: int
+    rows_filtered: int
+    rows_skipped: int
+    rows_quarantined: int
+    files: int
+    bytes_written: int
+    wall_s: float
+    rows_per_s: float
+    filtered_by: dict[str, int] = dataclasses.field(default_factory=dict)
+    fit_stats: dict[str, Any] = dataclasses.field(default_factory=dict)
+    ray_stats: str = ""
+    versions: dict[str, str] = dataclasses.field(default_factory=_versions)
+    run_id: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def summary(self) -> str:
+        """A short human summary (what the CLI prints)."""
+        if self.status == "already_committed":
+            return (f"{self.name}: {self.sink} is already committed with this pipeline's "
+                    f"fingerprint ({self.rows_written} rows); nothing to do.")
+        dropped = []
+        if self.rows_filtered:
+            dropped.append(f"{self.rows_filtered} filtered")
+        if self.rows_skipped:
+            dropped.append(f"{self.rows_skipped} skipped as bad")
+        if self.rows_quarantined:
+            dropped.append(f"{self.rows_quarantined} quarantined")
+        return (
+            f"{self.name}: read {self.rows_read} rows, wrote {self.rows_written} rows in "
+            f"{self.files} files ({self.bytes_written / 1e6:.2f} MB) to {self.sink}"
+            + (f"; {', '.join(dropped)}" if dropped else "")
+            + f". {self.wall_s:.1f} s, {self.rows_per_s:,.0f} rows/s."
+        )
+
+
+class Pipeline:
+    """A validated pipeline spec.
+
+    Args:
+        spec: A spec dict (see :mod:`slicefeed.pipelines._spec`); validated here.
+        source_name: Where the spec came from, for error messages.
+
+    Example:
+        >>> p = load_pipeline("pipelines/recipes/text_lm.yaml")  # doctest: +SKIP
+        >>> ds = p.dataset()          # lazy ray.data.Dataset
+        >>> report = p.run()          # writes the committed sink
+    """
+
+    def __init__(self, spec: Mapping[str, Any], *, source_name: str = "pipeline spec"):
+        self.spec = validate_spec(spec, source=source_name)
+        self.source_name = source_name
+        from slicefeed.transforms import transform_from_spec
+
+        seed = int(self.spec["seed"])
+        self.transforms = [transform_from_spec(item).with_seed(seed) for item in self.spec["transforms"]]
+
+    @property
+    def name(self) -> str:
+        return self.spec["name"]
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint(self.spec)
+
+    # -- sources --------------------------------------------------------------
+
+    def _sources(self) -> list[dict[str, Any]]:
+        return [self.spec["source"]] if "source" in self.spec else list(self.spec["sources"])
+
+    @staticmethod
+    def _storage(src: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in (src.get("storage") or {}).items() if k in STORAGE_OPTIONS}
+
+    def _read_source(self, src: Mapping[str, Any]) -> ray.data.Dataset:
+        opts = dict(src.get("options") or {})
+        if src["format"] == "dataset":
+            return read_dataset(src["uri"], provenance=True, **opts, **self._storage(src))
+        return _READERS[src["format"]](src["uri"], provenance=True, **opts, **self._storage(src))
+
+    def source_schema(self) -> pa.Schema:
+        """Schema of the (first) source, read from one file's metadata, without Ray."""
+        src = self._sources()[0]
+        opts = dict(src.get("options") or {})
+        if src["format"] == "dataset":
+            schema = read_manifest(src["uri"], **self._storage(src)).schema
+            cols = opts.get("columns")
+            schema = pa.schema([schema.field(c) for c in cols]) if cols else schema
+            return schema.append(pa.field(PROVENANCE_FILE, pa.string())).append(
+                pa.field(PROVENANCE_ROW, pa.int64()))
+        return peek_schema(src["format"], src["uri"], columns=opts.get("columns"),
+                           provenance=True, **self._storage(src))
+
+    def check(self) -> pa.Schema:
+        """Checks the transforms against the source schema; returns the output schema.
+
+        Raises:
+            SpecError: naming the transform and the missing/mistyped column.
+        """
+        from slicefeed.transforms import check_transforms
+
+        schema = self.source_schema()
+        try:
+            out = check_transforms(schema, self.transforms)
+        except SpecError as e:
+            raise SpecError(f"{self.source_name}: {e}") from None
+        return pa.schema([f for f in out if f.name not in (PROVENANCE_FILE, PROVENANCE_ROW)])
+
+    # -- the dataset --------------------------------------------------------------
+
+    def _build(self, transforms: Sequence[Any], *, counters: Any = None, quarantine: Any = None) -> ray.data.Dataset:
+        srcs = self._sources()
+        if len(srcs) == 1:
+            ds = self._read_source(srcs[0])
+        else:
+            raise SpecError(f"{self.source_name}: `sources` (mixtures) are not supported yet.")
+        on_error = self.spec["on_error"]
+        ds = ds.map_batches(
+            _Stage([], on_error=on_error, counters=counters, count_input=True),
+            batch_format="pyarrow", zero_copy_batch=True,
+        )
+        group: list[Any] = []
+
+        def flush(ds: ray.data.Dataset) -> ray.data.Dataset:
+            if group:
+                ds = ds.map_batches(
+                    _Stage(list(group), on_error=on_error, counters=counters, quarantine=quarantine),
+                    batch_format="pyarrow", zero_copy_batch=True,
+                )
+                group.clear()
+            return ds
+
+        for t in transforms:
+            if getattr(t, "is_dataset_op", False):
+                ds = flush(ds)
+                ds = t.dataset_op(ds)
+            else:
+                group.append(t)
+        return flush(ds)
+
+    def _fitted(self) -> list[Any]:
+        """Transforms with the ones that need statistics fitted over the data before them."""
+        fitted: list[Any] = []
+        for t in self.transforms:
+            if getattr(t, "needs_fit", False) and not t.is_fitted:
+                upstream = self._build(fitted)
+                t = t.fit(upstream)
+            fitted.append(t)
+        return fitted
+
+    def dataset(self, *, keep_provenance: bool = False, _counters: Any = None,
+                _quarantine: Any = None, _fitted: Sequence[Any] | None = None) -> ray.data.Dataset:
+        """The lazy ``ray.data.Dataset`` this pipeline produces (nothing is written).
+
+        Transforms that need statistics (``needs_fit``) are fitted here, which
+        runs the pipeline up to them once.
+
+        Args:
+            keep_provenance: Keep the ``_sf_file``/``_sf_row`` row-identity columns.
+        """
+        self.check()
+        transforms = list(_fitted) if _fitted is not None else self._fitted()
+        ds = self._build(transforms, counters=_counters, quarantine=_quarantine)
+        if not keep_provenance:
+            ds = ds.map_batches(_drop_provenance, batch_format="pyarrow", zero_copy_batch=True)
+        # Same input, seed and plan -> the same rows in the same order (DESIGN.md #3).
+        ds.context.execution_options.preserve_order = True
+        return ds
+
+    # -- batch run -------------------------------------------------------------------
+
+    def run(self, *, overwrite: bool = False) -> RunReport:
+        """Runs the pipeline and commits its sink.
+
+        If the sink is already committed with this pipeline's fingerprint the
+        run does nothing and reports ``status="already_committed"``.
+
+        Raises:
+            SpecError: the spec has no sink, or a transform does not fit the source.
+            AlreadyCommittedError: the sink holds another pipeline's dataset and
+                ``overwrite`` is False.
+            BadRecordError: a bad record under ``on_error: fail``, or more bad
+                records than ``max_error_fraction`` allows.
+        """
+        if "sink" not in self.spec:
+            raise SpecError(f"{self.source_name}: missing required key 'sink' (format and uri) "
+                            "to run; use dataset() for a pipeline without a sink.")
+        sink = self.spec["sink"]
+        storage = self._storage(sink)
+        target = resolve_filesystem(sink["uri"], **storage)
+        fp = self.fingerprint
+        if is_committed(target):
+            existing = read_manifest(target)
+            if existing.fingerprint == fp and not overwrite:
+                return RunReport(
+                    name=self.name, status="already_committed", sink=target.uri, fingerprint=fp,
+                    rows_read=0, rows_written=existing.num_rows, rows_filtered=0, rows_skipped=0,
+                    rows_quarantined=0, files=len(existing.files), bytes_written=existing.num_bytes,
+                    wall_s=0.0, rows_per_s=0.0, run_id=existing.metadata.get("run_id", ""),
+                )
+            if not overwrite:
+                raise AlreadyCommittedError(
+                    f"{target.uri} already holds a committed dataset written by another pipeline "
+                    f"(fingerprint {existing.fingerprint}, this one is {fp}). Pass --overwrite "
+                    "(Pipeline.run(overwrite=True)) to replace it, or change sink.uri."
+                )
+        t0 = time.perf_counter()
+        self.check()
+        fitted = self._fitted()
+        counters = _Counters.remote()
+        quarantine = target.join(QUARANTINE_DIR) if self.spec["on_error"] == "quarantine" else None
+        ds = self.dataset(_counters=counters, _quarantine=quarantine, _fitted=fitted)
+        fit_stats = {f"{i}:{t.name}": t.stats() for i, t in enumerate(fitted) if t.stats()}
+        max_frac = float(self.spec["max_error_fraction"])
+
+        def before_commit(manifest: Manifest) -> None:
+            c = ray.get(counters.get.remote())
+            bad = c.get("rows_skipped", 0) + c.get("rows_quarantined", 0)
+            read = c.get("rows_read", 0)
+            if read and bad / read > max_frac:
+                raise BadRecordError(
+                    f"{self.name}: {bad} of {read} rows were bad ({bad / read:.2%}), more than "
+                    f"max_error_fraction={max_frac}; nothing was committed. Fix the input or "
+                    "raise max_error_fraction."
+                )
+
+        manifest = write_parquet(
+            ds, target.uri, fingerprint=fp, overwrite=overwrite,
+            metadata={"pipeline": self.name, "seed": self.spec["seed"], "fit_stats": fit_stats},
+            before_commit=before_commit, **dict(sink.get("options") or {}), **storage,
+        )
+        wall = time.perf_counter() - t0
+        c = ray.get(counters.get.remote())
+        ray.kill(counters)
+        skipped, quarantined = c.get("rows_skipped", 0), c.get("rows_quarantined", 0)
+        filtered_by = {k.split(":", 1)[1]: v for k, v in c.items() if k.startswith("filtered:") and v}
+        read = c.get("rows_read", 0)
+        report = RunReport(
+            name=self.name, status="committed", sink=target.uri, fingerprint=fp,
+            rows_read=read, rows_written=manifest.num_rows,
+            # Rows removed by dataset-level ops (deduplicate) are not seen by the
+            # stages, so "filtered" is what is left once the rest is accounted for.
+            rows_filtered=read - manifest.num_rows - skipped - quarantined,
+            rows_skipped=skipped, rows_quarantined=quarantined,
+            files=len(manifest.files), bytes_written=manifest.num_bytes, wall_s=wall,
+            rows_per_s=read / wall if wall > 0 else 0.0, filtered_by=filtered_by,
+            fit_stats=fit_stats, ray_stats=_ray_stats(ds),
+            run_id=manifest.metadata.get("run_id", ""),
+        )
+        out = target.join(REPORT_NAME)
+        out.fs.pipe_file(out.path, json.dumps(report.to_dict(), indent=2, default=str).encode())
+        return report
+
+
+def _ray_stats(ds: ray.data.Dataset) -> str:
+    try:
+        return ds.stats()
+    except Exception:  # stats are informative only
+        return ""
+
+
+def _drop_provenance(table: pa.Table) -> pa.Table:
+    drop = [c for c in (PROVENANCE_FILE, PROVENANCE_ROW) if c in table.column_names]
+    return table.drop_columns(drop) if drop else table
+
+
+def load_pipeline(path: str | os.PathLike[str], overrides: Sequence[str] | Mapping[str, Any] | None = None) -> Pipeline:
+    """Loads and validates a YAML pipeline spec.
+
+    Args:
+        path: The YAML file.
+        overrides: ``["sink.uri=/tmp/out", "seed=3"]`` or ``{"sink.uri": "/tmp/out"}``.
+
+    Raises:
+        SpecError: naming the offending key and the allowed values.
+    """
+    spec = load_spec(path, overrides)
+    return Pipeline(spec, source_name=os.fspath(path))

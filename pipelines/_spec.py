@@ -1,0 +1,287 @@
+"""Pipeline specs: YAML in, a validated plain dict out, before any Ray work.
+
+A spec::
+
+    name: text-demo                 # required
+    seed: 0                         # randomness of seeded transforms
+    source:                         # required (or `sources:` for a mixture)
+      format: jsonl                 # parquet | jsonl | csv | text | dataset
+      uri: gs://bucket/raw/*.jsonl
+      options: {columns: [text]}    # reader options
+    transforms:                     # optional, applied in order
+      - filter: {expr: "len > 3"}
+      - cast: {columns: {len: int32}}
+    sink:                           # required by `run` (not by `dataset()`)
+      format: parquet
+      uri: gs://bucket/out/text-demo
+      options: {compression: zstd}
+    on_error: fail                  # fail | skip | quarantine
+    max_error_fraction: 0.0
+
+The structure is checked with JSON Schema (the ``jsonschema`` library);
+errors are rewritten to name the key path, what was found and the allowed
+values. Transform names and arguments are checked by
+:func:`slicefeed.transforms.transform_from_spec`. YAML is only ever loaded
+with ``yaml.safe_load``.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+from typing import Any, Mapping, Sequence
+
+import jsonschema
+import yaml
+
+from slicefeed.connectors import SpecError
+
+SOURCE_FORMATS = ("parquet", "jsonl", "csv", "text", "dataset")
+SINK_FORMATS = ("parquet",)
+ON_ERROR = ("fail", "skip", "quarantine")
+
+# Reader options each source format accepts (keyword arguments of the readers).
+SOURCE_OPTIONS = {
+    "parquet": ("columns", "shuffle_seed"),
+    "jsonl": ("columns", "shuffle_seed"),
+    "csv": ("columns", "shuffle_seed", "delimiter"),
+    "text": ("shuffle_seed", "drop_empty_lines"),
+    "dataset": ("columns",),
+}
+SINK_OPTIONS = ("compression", "min_rows_per_file", "row_group_size")
+STORAGE_OPTIONS = ("credentials", "anonymous", "project")
+
+_STORAGE = {
+    "credentials": {"type": "string"},
+    "anonymous": {"type": "boolean"},
+    "project": {"type": "string"},
+}
+
+_SOURCE = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["format", "uri"],
+    "properties": {
+        "format": {"enum": list(SOURCE_FORMATS)},
+        "uri": {"type": "string", "minLength": 1},
+        "options": {"type": "object"},
+        "weight": {"type": "number", "exclusiveMinimum": 0},
+        "storage": {"type": "object", "additionalProperties": False, "properties": _STORAGE},
+    },
+}
+
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name"],
+    "properties": {
+        "name": {"type": "string", "minLength": 1},
+        "description": {"type": "string"},
+        "seed": {"type": "integer"},
+        "source": _SOURCE,
+        "sources": {"type": "array", "minItems": 1, "items": _SOURCE},
+        "transforms": {
+            "type": "array",
+            "items": {"anyOf": [{"type": "string"}, {"type": "object", "minProperties": 1, "maxProperties": 1}]},
+        },
+        "sink": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["format", "uri"],
+            "properties": {
+                "format": {"enum": list(SINK_FORMATS)},
+                "uri": {"type": "string", "minLength": 1},
+                "options": {"type": "object"},
+                "storage": {"type": "object", "additionalProperties": False, "properties": _STORAGE},
+            },
+        },
+        "on_error": {"enum": list(ON_ERROR)},
+        "max_error_fraction": {"type": "number", "minimum": 0, "maximum": 1},
+        "placement": {"type": "object"},
+    },
+}
+
+
+def _where(path: Sequence[Any]) -> str:
+    return ".".join(str(p) for p in path) or "(top level)"
+
+
+def _type_name(value: Any) -> str:
+    return {dict: "mapping", list: "list", str: "string", bool: "boolean", int: "integer",
+            float: "number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+_JSON_TYPES = {"integer": "an integer", "number": "a number", "string": "a string",
+               "array": "a list", "object": "a mapping", "boolean": "a boolean"}
+
+
+def _message(err: jsonschema.ValidationError, source: str) -> str:
+    where = _where(err.absolute_path)
+    v = err.validator
+    if v == "additionalProperties":
+        allowed = sorted(err.schema.get("properties", {}))
+        extra = sorted(set(err.instance) - set(allowed))
+        return (f"{source}: unknown key {extra[0]!r} in {where}; allowed keys: "
+                f"{', '.join(allowed)}.")
+    if v == "required":
+        missing = err.message.split("'")[1] if "'" in err.message else err.message
+        hint = " (a `source:` with format and uri is required)" if missing == "source" else ""
+        return f"{source}: missing required key {missing!r} in {where}{hint}."
+    if v == "enum":
+        return (f"{source}: {where} is {err.instance!r}; allowed values: "
+                f"{', '.join(map(str, err.validator_value))}.")
+    if v == "type":
+        return (f"{source}: {where} must be {_JSON_TYPES.get(err.validator_value, err.validator_value)}, "
+                f"got {_type_name(err.instance)} {err.instance!r}.")
+    if v in ("anyOf", "minProperties", "maxProperties") and where.startswith("transforms"):
+        return (f"{source}: {where} must be a mapping with exactly one key, the transform "
+                f"name, e.g. {{select: {{columns: [a]}}}}; got {err.instance!r}.")
+    return f"{source}: {where}: {err.message}."
+
+
+def validate_spec(spec: Any, *, source: str = "pipeline spec") -> dict[str, Any]:
+    """Validates a spec dict; returns a normalised deep copy.
+
+    Checks structure (JSON Schema), the source/sink options for each format,
+    and that every transform exists with valid arguments.
+
+    Raises:
+        SpecError: naming the offending key and the allowed values.
+    """
+    if not isinstance(spec, Mapping):
+        raise SpecError(f"{source}: a pipeline spec must be a mapping with keys name, source, "
+                        f"transforms, sink; got {_type_name(spec)}.")
+    spec = copy.deepcopy(dict(spec))
+    validator = jsonschema.Draft202012Validator(SCHEMA)
+    errors = sorted(validator.iter_errors(spec), key=lambda e: (len(e.absolute_path), str(e.absolute_path)))
+    if errors:
+        raise SpecError(_message(errors[0], source))
+    if "source" in spec and "sources" in spec:
+        raise SpecError(f"{source}: give either `source` or `sources` (a mixture), not both.")
+    if "source" not in spec and "sources" not in spec:
+        raise SpecError(f"{source}: missing required key 'source' (a mapping with format and uri).")
+    srcs = [("source", spec["source"])] if "source" in spec else [
+        (f"sources.{i}", s) for i, s in enumerate(spec["sources"])]
+    for where, src in srcs:
+        allowed = SOURCE_OPTIONS[src["format"]]
+        for key in src.get("options", {}) or {}:
+            if key not in allowed:
+                raise SpecError(f"{source}: unknown option {key!r} in {where}.options for format "
+                                f"{src['format']!r}; allowed options: {', '.join(allowed)}.")
+    for key in (spec.get("sink", {}).get("options") or {}):
+        if key not in SINK_OPTIONS:
+            raise SpecError(f"{source}: unknown option {key!r} in sink.options; allowed options: "
+                            f"{', '.join(SINK_OPTIONS)}.")
+    spec.setdefault("seed", 0)
+    spec.setdefault("transforms", [])
+    spec.setdefault("on_error", "fail")
+    spec.setdefault("max_error_fraction", 0.0)
+    from slicefeed.transforms import transform_from_spec
+
+    for i, item in enumerate(spec["transforms"]):
+        try:
+            transform_from_spec(item)
+        except SpecError as e:
+            raise SpecError(f"{source}: transforms.{i}: {e}") from None
+    return spec
+
+
+def apply_overrides(spec: dict[str, Any], overrides: Sequence[str] | Mapping[str, Any] | None) -> dict[str, Any]:
+    """Applies ``key.path=value`` overrides (values parsed as YAML scalars/lists).
+
+    ``transforms.0.filter.expr="x > 1"`` indexes lists by position. Mappings
+    on the way are created when missing.
+
+    Raises:
+        SpecError: for a malformed override or a path through a non-container.
+    """
+    if not overrides:
+        return spec
+    spec = copy.deepcopy(spec)
+    items = overrides.items() if isinstance(overrides, Mapping) else [_split_override(o) for o in overrides]
+    for key, value in items:
+        parts = key.split(".")
+        node: Any = spec
+        for depth, part in enumerate(parts[:-1]):
+            node = _step(node, part, key, depth, create=True)
+        last = parts[-1]
+        if isinstance(node, list):
+            node[_index(node, last, key)] = value
+        elif isinstance(node, dict):
+            node[last] = value
+        else:
+            raise SpecError(f"--set {key}: {'.'.join(parts[:-1])} is a {_type_name(node)}, not a mapping or list.")
+    return spec
+
+
+def _split_override(text: str) -> tuple[str, Any]:
+    if "=" not in text or text.startswith("="):
+        raise SpecError(f"--set {text!r}: expected key.path=value, e.g. --set sink.uri=/tmp/out")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+def _index(node: list, part: str, key: str) -> int:
+    try:
+        i = int(part)
+    except ValueError:
+        raise SpecError(f"--set {key}: {part!r} indexes a list; use a number (0..{len(node) - 1}).") from None
+    if not -len(node) <= i < len(node):
+        raise SpecError(f"--set {key}: index {i} is out of range; the list has {len(node)} items.")
+    return i
+
+
+def _step(node: Any, part: str, key: str, depth: int, *, create: bool) -> Any:
+    if isinstance(node, list):
+        return node[_index(node, part, key)]
+    if isinstance(node, dict):
+        if part not in node or node[part] is None:
+            if not create:
+                raise SpecError(f"--set {key}: no key {part!r}")
+            node[part] = {}
+        return node[part]
+    raise SpecError(f"--set {key}: {'.'.join(key.split('.')[:depth])} is a {_type_name(node)}, not a mapping or list.")
+
+
+def load_spec(path: str | os.PathLike[str], overrides: Sequence[str] | Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Reads a YAML spec file (safely), applies overrides and validates it."""
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise SpecError(f"pipeline spec {path!r} does not exist.") from None
+    try:
+        spec = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise SpecError(f"{path}: not valid YAML{where} ({getattr(e, 'problem', e)}).") from None
+    if isinstance(spec, Mapping):
+        spec = apply_overrides(dict(spec), overrides)
+    return validate_spec(spec, source=path)
+
+
+def fingerprint(spec: Mapping[str, Any]) -> str:
+    """SHA-256 of what determines the output: sources, transforms, seed, policy.
+
+    The sink and storage credentials are left out, so the same pipeline
+    written to another place has the same fingerprint.
+    """
+    def strip(src: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in src.items() if k != "storage"}
+
+    doc = {
+        "sources": [strip(s) for s in ([spec["source"]] if "source" in spec else spec["sources"])],
+        "transforms": spec.get("transforms", []),
+        "seed": spec.get("seed", 0),
+        "on_error": spec.get("on_error", "fail"),
+        "max_error_fraction": spec.get("max_error_fraction", 0.0),
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()

@@ -1,0 +1,83 @@
+"""Pipeline spec validation: every error names the key and the allowed values."""
+
+from __future__ import annotations
+
+import pytest
+
+from slicefeed.connectors import SpecError
+from slicefeed.pipelines import apply_overrides, fingerprint, load_spec, validate_spec
+
+GOOD = {
+    "name": "t",
+    "source": {"format": "jsonl", "uri": "/data/raw"},
+    "transforms": [{"select": {"columns": ["a"]}}],
+    "sink": {"format": "parquet", "uri": "/data/out"},
+}
+
+
+def _with(**kw):
+    spec = {k: (dict(v) if isinstance(v, dict) else v) for k, v in GOOD.items()}
+    spec.update(kw)
+    return spec
+
+
+def test_good_spec_gets_defaults():
+    spec = validate_spec(GOOD)
+    assert spec["seed"] == 0 and spec["on_error"] == "fail" and spec["max_error_fraction"] == 0.0
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        (_with(sourc={}), r"unknown key 'sourc' in \(top level\); allowed keys: description, max_error_fraction, name, on_error, placement, seed, sink, source, sources, transforms"),
+        ({"name": "t"}, r"missing required key 'source'"),
+        ({"source": GOOD["source"]}, r"missing required key 'name'"),
+        (_with(seed="zero"), r"seed must be an integer, got string 'zero'"),
+        (_with(source={"format": "xml", "uri": "x"}), r"source.format is 'xml'; allowed values: parquet, jsonl, csv, text, dataset"),
+        (_with(source={"format": "jsonl", "uri": 3}), r"source.uri must be a string, got integer 3"),
+        (_with(source={"format": "jsonl"}), r"missing required key 'uri' in source"),
+        (_with(source={"format": "jsonl", "uri": "x", "options": {"colums": ["a"]}}), r"unknown option 'colums' in source.options for format 'jsonl'; allowed options: columns, shuffle_seed"),
+        (_with(sink={"format": "csv", "uri": "x"}), r"sink.format is 'csv'; allowed values: parquet"),
+        (_with(on_error="ignore"), r"on_error is 'ignore'; allowed values: fail, skip, quarantine"),
+        (_with(transforms=[{"tokenise": {}}]), r"transforms.0: unknown transform 'tokenise'; allowed: .*select"),
+        (_with(transforms=[{"select": {"cols": ["a"]}}]), r"transforms.0: select: unknown argument 'cols'; allowed arguments: columns"),
+        (_with(transforms=[{"select": {}, "rename": {}}]), r"transforms.0 must be a mapping with exactly one key"),
+        (_with(transforms="select"), r"transforms must be a list, got string"),
+        ("just a string", r"must be a mapping with keys name, source, transforms, sink; got string"),
+    ],
+)
+def test_errors_name_key_and_allowed_values(spec, message):
+    with pytest.raises(SpecError, match=message):
+        validate_spec(spec)
+
+
+def test_overrides_set_nested_and_list_values():
+    spec = apply_overrides(GOOD, ["sink.uri=/elsewhere", "seed=7", "transforms.0.select.columns=[a, b]"])
+    assert spec["sink"]["uri"] == "/elsewhere" and spec["seed"] == 7
+    assert spec["transforms"][0]["select"]["columns"] == ["a", "b"]
+    assert GOOD["sink"]["uri"] == "/data/out", "overrides must not change the input"
+    with pytest.raises(SpecError, match=r"--set 'nokey': expected key.path=value"):
+        apply_overrides(GOOD, ["nokey"])
+    with pytest.raises(SpecError, match=r"--set transforms.5.x: index 5 is out of range; the list has 1 items"):
+        apply_overrides(GOOD, ["transforms.5.x=1"])
+
+
+def test_load_spec_yaml_errors(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nsource: [unclosed\n")
+    with pytest.raises(SpecError, match=r"bad.yaml: not valid YAML at line 3"):
+        load_spec(bad)
+    with pytest.raises(SpecError, match=r"pipeline spec '.*missing.yaml' does not exist"):
+        load_spec(tmp_path / "missing.yaml")
+    # safe_load: a Python object tag is refused, never constructed.
+    evil = tmp_path / "evil.yaml"
+    evil.write_text("name: !!python/object/apply:os.system ['echo pwned']\n")
+    with pytest.raises(SpecError, match="not valid YAML"):
+        load_spec(evil)
+
+
+def test_fingerprint_ignores_sink_but_not_transforms():
+    a = validate_spec(GOOD)
+    b = validate_spec(_with(sink={"format": "parquet", "uri": "/other"}))
+    c = validate_spec(_with(transforms=[{"select": {"columns": ["b"]}}]))
+    assert fingerprint(a) == fingerprint(b) != fingerprint(c)

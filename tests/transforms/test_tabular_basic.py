@@ -1,0 +1,290 @@
+"""The transform contract and Select / Rename / Cast / Filter."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from slicefeed.connectors import BadRecordError, SpecError
+from slicefeed.transforms import (
+    ERROR_COLUMN,
+    PROVENANCE_FILE,
+    PROVENANCE_ROW,
+    TRANSFORMS,
+    Cast,
+    Filter,
+    Rename,
+    Select,
+    Transform,
+    apply_transforms,
+    as_bfloat16,
+    check_transforms,
+    get_transform,
+    is_bfloat16_field,
+    row_keys,
+    row_uniform,
+    split_errors,
+    transform_from_spec,
+)
+
+
+def _table(n: int = 6, file: str = "part-0.jsonl") -> pa.Table:
+    return pa.table(
+        {
+            "id": pa.array(range(n), pa.int64()),
+            "text": [f"t{i}" for i in range(n)],
+            "score": pa.array([0.5 * i for i in range(n)], pa.float64()),
+            PROVENANCE_FILE: [file] * n,
+            PROVENANCE_ROW: pa.array(range(n), pa.int64()),
+        }
+    )
+
+
+# -- registry and specs ---------------------------------------------------------
+
+
+def test_registry_names_are_snake_case_and_resolve():
+    for name in ("select", "rename", "cast", "filter"):
+        assert get_transform(name) is TRANSFORMS[name]
+        assert TRANSFORMS[name].name == name
+
+
+def test_unknown_transform_lists_allowed_names():
+    with pytest.raises(SpecError, match=r"unknown transform 'tokenise'; allowed: .*rename.*select"):
+        get_transform("tokenise")
+
+
+def test_from_spec_builds_and_round_trips():
+    t = transform_from_spec({"rename": {"mapping": {"a": "b"}}})
+    assert t == Rename(mapping={"a": "b"})
+    assert transform_from_spec(t.to_spec()) == t
+    s = transform_from_spec({"select": {"columns": ["x", "y"]}})
+    assert s.columns == ("x", "y") and s.to_spec() == {"select": {"columns": ["x", "y"]}}
+
+
+def test_from_spec_errors_name_transform_and_argument():
+    with pytest.raises(SpecError, match=r"rename: unknown argument 'mapp'; allowed arguments: mapping"):
+        transform_from_spec({"rename": {"mapp": {"a": "b"}}})
+    with pytest.raises(SpecError, match=r"cast: missing required argument 'columns'"):
+        transform_from_spec({"cast": {}})
+    with pytest.raises(SpecError, match=r"mapping with one key"):
+        transform_from_spec({"rename": {}, "select": {}})
+    with pytest.raises(SpecError, match=r"filter: arguments must be a mapping"):
+        transform_from_spec({"filter": "x > 1"})
+    with pytest.raises(SpecError, match=r"Cast: unknown type 'int33' for column 'a'; allowed: int8"):
+        transform_from_spec({"cast": {"columns": {"a": "int33"}}})
+
+
+def test_transforms_pickle_and_are_frozen():
+    for t in (Select(["a"]), Rename({"a": "b"}), Cast({"a": "int32"}), Filter("a > 1")):
+        assert pickle.loads(pickle.dumps(t)) == t
+        assert isinstance(t, Transform)
+        with pytest.raises(Exception):
+            t.name = "x"  # type: ignore[misc]
+        assert t.with_seed(3) is t and t.stats() == {} and t.fit(None) is t
+
+
+# -- Select / Rename ------------------------------------------------------------
+
+
+def test_select_keeps_order_and_provenance():
+    out = Select(["text", "id"])(_table())
+    assert out.column_names == ["text", "id", PROVENANCE_FILE, PROVENANCE_ROW]
+    schema = Select(["text", "id"]).output_schema(_table().schema)
+    assert schema.names == out.column_names
+
+
+def test_select_schema_error_lists_available():
+    with pytest.raises(
+        SpecError, match=r"^Select: column 'txt' not found; available: id, text, score\. "
+    ):
+        Select(["txt"]).output_schema(_table().schema)
+    with pytest.raises(SpecError, match=r"names column 'a' twice"):
+        Select(["a", "a"])
+
+
+def test_rename():
+    out = Rename({"text": "body"})(_table())
+    assert out.column_names[:3] == ["id", "body", "score"]
+    assert Rename({"text": "body"}).output_schema(_table().schema).names == out.column_names
+    with pytest.raises(SpecError, match=r"Rename: column 'txt' not found; available: id, text"):
+        Rename({"txt": "body"}).output_schema(_table().schema)
+    with pytest.raises(SpecError, match=r"collides with the existing column 'id'"):
+        Rename({"text": "id"}).output_schema(_table().schema)
+    with pytest.raises(SpecError, match=r"two columns to 'x'"):
+        Rename({"text": "x", "id": "x"})
+    with pytest.raises(SpecError, match=r"slicefeed's own column '_sf_row'"):
+        Rename({"_sf_row": "r"})
+
+
+# -- Cast -----------------------------------------------------------------------
+
+
+def test_cast_types_and_schema_agree():
+    t = Cast({"id": "int32", "score": "float32", "text": "string"})
+    out = t(_table())
+    assert out.schema.field("id").type == pa.int32()
+    assert out.schema.field("score").type == pa.float32()
+    assert t.output_schema(_table().schema) == out.schema
+
+
+def test_cast_list_values_and_bfloat16():
+    tbl = pa.table({"ids": pa.array([[1, 2], [3]], pa.list_(pa.int64())), "x": [1.5, -2.25]})
+    out = Cast({"ids": "int32", "x": "bfloat16"})(tbl)
+    assert out.schema.field("ids").type == pa.list_(pa.int32())
+    f = out.schema.field("x")
+    assert f.type == pa.uint16() and is_bfloat16_field(f)
+    np.testing.assert_array_equal(
+        as_bfloat16(out.column("x").to_numpy()).astype(np.float32), [1.5, -2.25]
+    )
+
+
+def test_cast_bad_values_mark_rows_not_raise():
+    tbl = pa.table(
+        {
+            "n": ["1", "x", "3", None, "99999999999"],
+            PROVENANCE_FILE: ["a.csv"] * 5,
+            PROVENANCE_ROW: pa.array(range(5), pa.int64()),
+        }
+    )
+    out = Cast({"n": "int32"})(tbl)
+    assert out.column("n").to_pylist() == [1, None, 3, None, None]
+    errors = out.column(ERROR_COLUMN).to_pylist()
+    assert errors[0] is None and errors[2] is None and errors[3] is None  # null is not bad
+    assert "column 'n' cannot be cast to int32" in errors[1] and errors[4]
+    good, bad = split_errors(out)
+    assert good.column("n").to_pylist() == [1, 3, None]
+    assert ERROR_COLUMN not in good.column_names
+    assert bad.column(PROVENANCE_ROW).to_pylist() == [1, 4]
+
+
+def test_cast_schema_errors():
+    with pytest.raises(SpecError, match=r"Cast: column 'nope' not found; available: id, text"):
+        Cast({"nope": "int32"}).output_schema(_table().schema)
+    tbl = pa.table({"flag": [True]})
+    with pytest.raises(SpecError, match=r"Cast: cannot cast column 'flag' from bool to date32"):
+        Cast({"flag": "date32"}).output_schema(tbl.schema)
+
+
+# -- Filter ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "expr, ids",
+    [
+        ("id >= 2 and id < 5", [2, 3, 4]),
+        ("1 < id <= 3", [2, 3]),
+        ("text in ['t1', 't4'] or score > 2.4", [1, 4, 5]),
+        ("id not in [0, 1, 2]", [3, 4, 5]),
+        ("not id == 0", [1, 2, 3, 4, 5]),
+        ("score * 2 - id == 0", [0, 1, 2, 3, 4, 5]),
+        ("-id > -2", [0, 1]),
+        ("col('text') == 't3'", [3]),
+        ("is_valid(id) and id / 2 >= 2", [4, 5]),
+    ],
+)
+def test_filter_expressions(expr, ids):
+    f = Filter(expr)
+    assert f(_table()).column("id").to_pylist() == ids
+    assert f.output_schema(_table().schema) == _table().schema
+
+
+def test_filter_nulls_drop_and_is_null():
+    tbl = pa.table({"a": [1, None, 3]})
+    assert Filter("a > 0")(tbl).column("a").to_pylist() == [1, 3]
+    assert Filter("is_null(a)")(tbl).num_rows == 1
+
+
+@pytest.mark.parametrize(
+    "expr, construct",
+    [
+        ("__import__('os').system('x')", r"function __import__\('os'\)\.system\(\)"),
+        ("a.b > 1", r"Attribute"),
+        ("[x for x in a]", r"ListComp"),
+        ("len(a) > 1", r"function len\(\)"),
+        ("a ** 2 > 1", r"operator Pow"),
+        ("a == None", r"comparison with None \(use is_null"),
+        ("a in b", r"'in' needs a literal list"),
+        ("lambda: 1", r"Lambda"),
+    ],
+)
+def test_filter_rejects_constructs_naming_them(expr, construct):
+    with pytest.raises(SpecError, match=rf"Filter: unsupported construct .*({construct}).* allowed: column names"):
+        Filter(expr)
+
+
+def test_filter_syntax_and_type_errors():
+    with pytest.raises(SpecError, match=r"Filter: cannot parse expression 'a >' .*allowed:"):
+        Filter("a >")
+    with pytest.raises(SpecError, match=r"Filter: column 'age' not found; available: id, text, score"):
+        Filter("age > 3").output_schema(_table().schema)
+    with pytest.raises(SpecError, match=r"does not type-check against the columns \(text: string\)"):
+        Filter("text > 3").output_schema(_table().schema)
+    with pytest.raises(SpecError, match=r"does not type-check"):
+        Filter("id + 1").output_schema(_table().schema)
+
+
+def test_filter_data_error_marks_rows():
+    tbl = pa.table({"a": [4, 0, 6], "b": [2, 0, 3]})
+    out = Filter("a / b >= 2")(tbl)
+    good, bad = split_errors(out)
+    assert good.column("a").to_pylist() == [4, 6]
+    assert bad.column("a").to_pylist() == [0]
+    assert "failed on this row" in bad.column(ERROR_COLUMN)[0].as_py()
+
+
+def test_filter_keeps_rows_already_marked_bad():
+    tbl = Cast({"n": "int32"})(pa.table({"n": ["1", "x", "5"]}))
+    out = Filter("n > 2")(tbl)
+    assert out.column(ERROR_COLUMN).to_pylist() == [
+        "Cast: value in column 'n' cannot be cast to int32",
+        None,
+    ]
+
+
+# -- chain checks, apply_transforms, bad records ---------------------------------
+
+
+def test_check_transforms_folds_schemas():
+    chain = [Rename({"text": "body"}), Cast({"id": "int32"}), Filter("id > 1"), Select(["body"])]
+    schema = check_transforms(_table().schema, chain)
+    assert schema.names == ["body", PROVENANCE_FILE, PROVENANCE_ROW]
+    with pytest.raises(SpecError, match=r"Select: column 'text' not found; available: id, body"):
+        check_transforms(_table().schema, [Rename({"text": "body"}), Select(["text"])])
+
+
+def test_apply_transforms_fail_names_file_and_row():
+    tbl = _table().append_column("n", pa.array(["1", "2", "x", "4", "5", "y"]))
+    with pytest.raises(
+        BadRecordError,
+        match=r"Cast: bad record at file 'part-0.jsonl' row 2: Cast: value in column 'n' "
+        r"cannot be cast to int32 \(2 bad rows in this batch\)\. .*on_error: skip(.|\n)*row 5",
+    ):
+        apply_transforms(tbl, [Cast({"n": "int32"})])
+    out = apply_transforms(tbl, [Cast({"n": "int32"}), Filter("n > 1")], on_error="skip")
+    assert out.column("n").to_pylist() == [2, 4, 5]
+    with pytest.raises(SpecError, match=r"on_error must be one of fail, skip, quarantine"):
+        apply_transforms(tbl, [], on_error="ignore")
+
+
+def test_split_errors_without_error_column():
+    good, bad = split_errors(_table())
+    assert good.equals(_table()) and bad.num_rows == 0 and bad.schema == _table().schema
+
+
+def test_row_randomness_is_vectorised_and_identity_based():
+    a, b = _table(1000, "a.jsonl"), _table(1000, "b.jsonl")
+    ka = row_keys(a, seed=1, salt="crop")
+    assert ka.dtype == np.uint64 and len(set(ka.tolist())) == 1000
+    # Same row identity -> same key regardless of batch composition.
+    mixed = pa.concat_tables([b.slice(0, 10), a.slice(500, 10)])
+    np.testing.assert_array_equal(row_keys(mixed, seed=1, salt="crop")[10:], ka[500:510])
+    assert not np.array_equal(ka, row_keys(a, seed=2, salt="crop"))
+    assert not np.array_equal(ka, row_keys(b, seed=1, salt="crop"))
+    u = row_uniform(ka)
+    assert 0 <= u.min() and u.max() < 1 and abs(u.mean() - 0.5) < 0.05
+    with pytest.raises(ValueError, match=r"row identity columns '_sf_file' and '_sf_row'"):
+        row_keys(pa.table({"x": [1]}), seed=0, salt="")

@@ -1,0 +1,80 @@
+"""Type strings of specs and the bfloat16 storage convention.
+
+Arrow has no bfloat16 type. slicefeed stores bfloat16 values as their ``uint16``
+bit patterns, in a field whose metadata says ``slicefeed.dtype: bfloat16``
+(Parquet keeps Arrow field metadata). A reader turns such a column back into
+``ml_dtypes.bfloat16`` with a zero-copy ``.view()``: :func:`as_bfloat16`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from slicefeed.connectors._errors import SpecError
+
+DTYPE_METADATA_KEY = b"slicefeed.dtype"
+BFLOAT16 = "bfloat16"
+
+_ALIASES = {
+    "int8": pa.int8(),
+    "int16": pa.int16(),
+    "int32": pa.int32(),
+    "int64": pa.int64(),
+    "uint8": pa.uint8(),
+    "uint16": pa.uint16(),
+    "uint32": pa.uint32(),
+    "uint64": pa.uint64(),
+    "float16": pa.float16(),
+    "float32": pa.float32(),
+    "float64": pa.float64(),
+    "bool": pa.bool_(),
+    "string": pa.string(),
+    "large_string": pa.large_string(),
+    "binary": pa.binary(),
+    "date32": pa.date32(),
+    "timestamp[s]": pa.timestamp("s"),
+    "timestamp[ms]": pa.timestamp("ms"),
+    "timestamp[us]": pa.timestamp("us"),
+    "timestamp[ns]": pa.timestamp("ns"),
+}
+TYPE_NAMES = (*_ALIASES, BFLOAT16)
+
+
+def parse_type(name: str, *, label: str, arg: str) -> pa.DataType | str:
+    """An Arrow type for ``name``, or the string ``"bfloat16"``.
+
+    Raises:
+        SpecError: listing the accepted type names.
+    """
+    if name == BFLOAT16:
+        return BFLOAT16
+    if isinstance(name, str) and name in _ALIASES:
+        return _ALIASES[name]
+    raise SpecError(
+        f"{label}: unknown type {name!r} for {arg}; allowed: {', '.join(TYPE_NAMES)}"
+    )
+
+
+def bfloat16_field(name: str, type_: pa.DataType | None = None) -> pa.Field:
+    """A field holding bfloat16 bit patterns (``uint16``, or a list of them)."""
+    return pa.field(name, type_ or pa.uint16(), metadata={DTYPE_METADATA_KEY: BFLOAT16.encode()})
+
+
+def is_bfloat16_field(field: pa.Field) -> bool:
+    """Whether ``field`` follows the bfloat16 storage convention."""
+    return bool(field.metadata) and field.metadata.get(DTYPE_METADATA_KEY) == BFLOAT16.encode()
+
+
+def to_bfloat16_bits(values: np.ndarray) -> np.ndarray:
+    """float array -> uint16 bit patterns of its bfloat16 rounding (nearest even)."""
+    import ml_dtypes
+
+    return np.asarray(values, dtype=np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)
+
+
+def as_bfloat16(bits: np.ndarray) -> np.ndarray:
+    """uint16 bit patterns -> an ``ml_dtypes.bfloat16`` view (no copy)."""
+    import ml_dtypes
+
+    return np.asarray(bits).view(ml_dtypes.bfloat16)
