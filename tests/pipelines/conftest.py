@@ -1,4 +1,20 @@
-"""Fixtures for the loader tests (tiny committed datasets, subprocess helpers)."""
+"""Fixtures for tests/pipelines.
+
+Loader tests: ``committed`` (a tiny committed dataset written by pyarrow),
+``ray_address``, and ``run_worker`` / ``wait_all`` for subprocess hosts.
+
+``slice_cluster`` (``-m slice``; session-scoped, started on first use, ~15 s on
+an idle machine): a Ray cluster on loopback made of separate OS processes
+
+- ``head``: 0 CPUs (like a KubeRay head: nothing is scheduled on it);
+- ``cpu-0``: a CPU-only worker node, 2 CPUs, no TPU resource or labels;
+- ``slice-a``: a full v6e ``4x4`` slice, 4 hosts x (``TPU: 4``, 1 CPU);
+- ``slice-b``: an incomplete v6e ``4x4`` slice, hosts 0-2 only (host 3 "lost").
+
+Tests talk to it through driver subprocesses (``cluster.driver_env()`` sets
+``RAY_ADDRESS``), never via ``ray.init`` in the pytest process, which may
+already hold the session ``ray_cluster``. See the README's development section.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +27,10 @@ import pytest
 
 HERE = os.path.dirname(__file__)
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
 
 from _data import write_committed  # noqa: E402
+from _slice_cluster import SimulatedCluster  # noqa: E402
 
 SIZES = [30, 45, 17, 50]  # 142 rows, 4 files, row groups of 7 rows
 
@@ -69,3 +87,31 @@ def wait_all(procs, timeout: float) -> list[str]:
     for p, out in zip(procs, outs):
         assert p.returncode == 0, f"worker failed (rc={p.returncode}):\n{out[-5000:]}"
     return outs
+
+FULL_SLICE = "slice-a"
+INCOMPLETE_SLICE = "slice-b"
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "slice: runs on the simulated multi-host TPU cluster (slice_cluster fixture; "
+        "~15 s start, ~3.5 GB peak). Select with -m slice, skip with -m 'not slice'.",
+    )
+
+
+@pytest.fixture(scope="session")
+def slice_cluster():
+    """Head + CPU node + full v6e 4x4 slice + incomplete 3-host slice, on loopback."""
+    cluster = SimulatedCluster()
+    try:
+        cluster.start_head(num_cpus=0)
+        cluster.add_cpu_node("cpu-0", num_cpus=2)
+        cluster.add_slice(FULL_SLICE, topology="4x4", accelerator="v6e")
+        cluster.add_slice(INCOMPLETE_SLICE, topology="4x4", accelerator="v6e", worker_ids=[0, 1, 2])
+        cluster.wait_for_nodes()
+    except BaseException:
+        cluster.stop()
+        raise
+    yield cluster
+    cluster.stop()
