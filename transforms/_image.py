@@ -196,12 +196,15 @@ class DecodeImage(_ImageTransform):
         column: Input column (binary or string paths).
         output: Output column (default: replace ``column``).
         mode: Pillow mode to convert to: ``RGB`` (3 channels), ``L`` (1), ``RGBA`` (4).
+        root: Directory or URI prefix that relative paths are resolved against
+            (``gs://bucket/images``); absolute paths and URIs are used as is.
     """
 
     name: ClassVar[str] = "decode_image"
     column: str = "image"
     output: str | None = None
     mode: str = "RGB"
+    root: str | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -225,7 +228,7 @@ class DecodeImage(_ImageTransform):
                 images.append(None)
                 continue
             try:
-                data = _fetch(item) if is_path else item
+                data = _fetch(_join(self.root, item)) if is_path else item
                 with Image.open(io.BytesIO(data)) as img:
                     arr = np.asarray(img.convert(self.mode))
                 if arr.ndim == 2:
@@ -243,6 +246,12 @@ class DecodeImage(_ImageTransform):
         out = write_variable(images, MODES[self.mode])
         table = _set(table, self.out, out)
         return mark_errors(table, reasons != None, reasons)  # noqa: E711
+
+
+def _join(root: str | None, path: str) -> str:
+    if root is None or "://" in path or path.startswith("/"):
+        return path
+    return root.rstrip("/") + "/" + path
 
 
 def _fetch(uri: str) -> bytes:
