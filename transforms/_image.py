@@ -397,6 +397,16 @@ def _crop(
     return mark_errors(table, bad, reasons)
 
 
+def _crop_schema(t: Any, schema: pa.Schema) -> pa.Schema:
+    _, hw, c, _ = t._layout(schema)
+    if hw is not None and (hw[0] < t.height or hw[1] < t.width):
+        raise t._spec_error(
+            f"column {t.column!r} holds {hw[0]}x{hw[1]} images, smaller than the crop "
+            f"{t.height}x{t.width}"
+        )
+    return _set_schema(schema, pa.field(t.column, fixed_type(t.height, t.width, c)))
+
+
 @dataclasses.dataclass(frozen=True)
 class CenterCrop(_ImageTransform):
     """Crops the centre ``height x width`` (output: fixed layout).
@@ -413,13 +423,7 @@ class CenterCrop(_ImageTransform):
         _pos_int(self, height=self.height, width=self.width)
 
     def output_schema(self, schema: pa.Schema) -> pa.Schema:
-        _, hw, c, _ = self._layout(schema)
-        if hw is not None and (hw[0] < self.height or hw[1] < self.width):
-            raise self._spec_error(
-                f"column {self.column!r} holds {hw[0]}x{hw[1]} images, smaller than the crop "
-                f"{self.height}x{self.width}"
-            )
-        return _set_schema(schema, pa.field(self.column, fixed_type(self.height, self.width, c)))
+        return _crop_schema(self, schema)
 
     def __call__(self, table: pa.Table) -> pa.Table:
         return _crop(table, self, self.height, self.width, None, None)
@@ -446,7 +450,7 @@ class RandomCrop(_ImageTransform):
         return seeded_copy(self, seed)
 
     def output_schema(self, schema: pa.Schema) -> pa.Schema:
-        out = CenterCrop(self.column, self.height, self.width).output_schema(schema)
+        out = _crop_schema(self, schema)
         _require_identity(self, schema)
         return out
 
