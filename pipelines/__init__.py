@@ -2,20 +2,37 @@
 
 Public API::
 
-    from slicefeed.pipelines import load_pipeline, Pipeline, RunReport, SliceSpec
+    from slicefeed.pipelines import (
+        load_pipeline, Pipeline, RunReport,   # specs and batch jobs
+        JaxLoader,                            # static-shape jax.Array batches per host
+        SliceSpec,                            # TPU slice topology
+        preprocessing_placement,              # keep Ray Data's work off TPU hosts
+    )
+
+Importing this package does not import jax; the loader imports it when used.
 """
 
+from slicefeed.pipelines._loader import JaxLoader
 from slicefeed.pipelines._pipeline import Pipeline, RunReport, load_pipeline
+from slicefeed.pipelines._placement import (
+    apply_placement,
+    placement_label_selector,
+    preprocessing_placement,
+)
 from slicefeed.pipelines._spec import apply_overrides, fingerprint, load_spec, validate_spec
 from slicefeed.pipelines._topology import SliceSpec
 
 __all__ = [
+    "JaxLoader",
     "Pipeline",
     "RunReport",
     "SliceSpec",
     "apply_overrides",
+    "apply_placement",
     "fingerprint",
     "load_pipeline",
     "load_spec",
+    "placement_label_selector",
+    "preprocessing_placement",
     "validate_spec",
 ]

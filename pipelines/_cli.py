@@ -124,8 +124,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 # -- parser -----------------------------------------------------------------------
 
-# Subcommands contributed by other modules: (module, function adding the parser).
-_EXTENSIONS: list[tuple[str, str]] = []
+# Subcommands that live in their own modules: (module, function adding the parser).
+# Each sets `func` (or `handler`) to a function of the parsed args returning an exit code.
+_EXTENSIONS: list[tuple[str, str]] = [
+    ("slicefeed.pipelines._k8s", "add_parser"),
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -211,7 +214,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = "--debug" in argv
     try:
         args = build_parser().parse_args(argv)
-        return int(args.func(args) or 0)
+        handler = getattr(args, "func", None) or args.handler
+        return int(handler(args) or 0)
     except SystemExit as e:  # --help
         return int(e.code or 0)
     except BrokenPipeError:  # `slicefeed inspect ... | head`

@@ -381,6 +381,11 @@ class Pipeline:
             ds = ds.map_batches(_drop_provenance, batch_format="pyarrow", zero_copy_batch=True)
         # Same input, seed and plan -> the same rows in the same order (DESIGN.md #3).
         ds.context.execution_options.preserve_order = True
+        placement = (self.spec.get("placement") or {}).get("preprocess_on")
+        if placement:
+            from slicefeed.pipelines._placement import apply_placement
+
+            apply_placement(ds.context, placement)
         return ds
 
     # -- batch run -------------------------------------------------------------------

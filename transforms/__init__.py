@@ -1,12 +1,21 @@
 """Arrow-native batch transforms (``pa.Table -> pa.Table``). Never imports jax.
 
+Every transform is a frozen, picklable dataclass usable by name from a YAML
+spec (``{pack_sequences: {seq_len: 2048}}``) or as a Python object, applied by
+Ray Data as ``ds.map_batches(t, batch_format="pyarrow")``. See
+:mod:`slicefeed.transforms._base` for the contract (schema checks, fitting,
+seeds, bad records).
+
 Public API::
 
     from slicefeed.transforms import (
         Transform, TRANSFORMS, get_transform, transform_from_spec, check_transforms,
         apply_transforms, split_errors, mark_errors, bad_record_error,
         PROVENANCE_FILE, PROVENANCE_ROW, ERROR_COLUMN,
-        Select, Rename, Cast, Filter,
+        Select, Rename, Cast, Filter, FillNull, Standardize, MinMaxScale,
+        HashBucket, Vocabulary, Deduplicate,
+        Tokenize, PadOrTruncate, PackSequences,
+        DecodeImage, Resize, CenterCrop, RandomCrop, RandomFlip, NormalizeImage,
     )
 """
 
@@ -29,25 +38,61 @@ from slicefeed.transforms._base import (
     split_errors,
     transform_from_spec,
 )
-from slicefeed.transforms._dtypes import (
-    as_bfloat16,
-    is_bfloat16_field,
-)
+from slicefeed.transforms._dtypes import as_bfloat16, is_bfloat16_field
 from slicefeed.transforms._expr import compile_expression
-from slicefeed.transforms._tabular import Cast, Filter, Rename, Select
+from slicefeed.transforms._image import (
+    CenterCrop,
+    DecodeImage,
+    NormalizeImage,
+    RandomCrop,
+    RandomFlip,
+    Resize,
+    read_images,
+)
+from slicefeed.transforms._packing import PackSequences, packing_efficiency
+from slicefeed.transforms._tabular import (
+    Cast,
+    Deduplicate,
+    FillNull,
+    Filter,
+    HashBucket,
+    MinMaxScale,
+    Rename,
+    Select,
+    Standardize,
+    Vocabulary,
+    hash64,
+)
+from slicefeed.transforms._text import BYTE_VOCAB_SIZE, PadOrTruncate, Tokenize, load_hf_tokenizer
 
 __all__ = [
+    "BYTE_VOCAB_SIZE",
     "Cast",
+    "CenterCrop",
+    "DecodeImage",
+    "Deduplicate",
     "ERROR_COLUMN",
+    "FillNull",
     "Filter",
+    "HashBucket",
+    "MinMaxScale",
+    "NormalizeImage",
     "ON_ERROR_POLICIES",
     "PROVENANCE_FILE",
     "PROVENANCE_ROW",
+    "PackSequences",
+    "PadOrTruncate",
     "RESERVED_COLUMNS",
+    "RandomCrop",
+    "RandomFlip",
     "Rename",
+    "Resize",
     "Select",
+    "Standardize",
     "TRANSFORMS",
+    "Tokenize",
     "Transform",
+    "Vocabulary",
     "apply_transforms",
     "as_bfloat16",
     "bad_record_error",
@@ -55,8 +100,12 @@ __all__ = [
     "compile_expression",
     "describe_rows",
     "get_transform",
+    "hash64",
     "is_bfloat16_field",
+    "load_hf_tokenizer",
     "mark_errors",
+    "packing_efficiency",
+    "read_images",
     "row_keys",
     "row_uniform",
     "split_errors",

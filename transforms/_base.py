@@ -115,6 +115,15 @@ class Transform:
         """JSON-serialisable fitted statistics (recorded in report and manifest)."""
         return {}
 
+    def output_stats(self, ds: "ray.data.Dataset") -> dict[str, Any]:
+        """JSON-serialisable statistics of this transform's output dataset.
+
+        For transforms whose quality is measured on their output (packing
+        efficiency). The pipeline may call it on the final dataset after the
+        run (one extra pass); the default is ``{}``.
+        """
+        return {}
+
     def with_seed(self, seed: int) -> "Transform":
         """Returns a copy that draws its randomness from ``seed``.
 

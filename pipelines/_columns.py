@@ -1,0 +1,311 @@
+"""Arrow -> NumPy column conversion for the JAX loader (no jax import here).
+
+Every conversion is a view of Arrow's buffers where Arrow allows one:
+
+===============================  =========================================
+Arrow column                     NumPy result (copies made here)
+===============================  =========================================
+numeric scalar (int/float)       ``(n,)`` view of the values buffer (0)
+``bool``                         ``(n,)`` bool (1: Arrow packs bits)
+``fixed_size_list`` (nested)     ``(n, d1, d2, ...)`` view of the leaf
+                                 values buffer (0)
+Ray tensor extension             ``(n, *shape)`` view of the values (0)
+pyarrow ``fixed_shape_tensor``   ``(n, *shape)`` view of the values (0)
+``list`` / ``large_list``        ``(n, L)`` padded/truncated to a declared
+                                 length ``L`` (1, vectorised gather)
+string / binary / struct / ...   refused (:class:`SpecError`)
+===============================  =========================================
+
+A column made of several chunks (a batch spanning Ray blocks) is concatenated
+once (1 copy); a host-side ``dtypes`` cast is one more copy (``astype``);
+padding a partial final batch copies that batch once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import numpy as np
+import pyarrow as pa
+
+from slicefeed.connectors import SpecError
+
+MASK_KEY = "mask"
+
+
+def resolve_dtype(dtype: Any) -> np.dtype:
+    """A NumPy dtype for ``dtype`` (NumPy/JAX dtypes, or names like ``"bfloat16"``)."""
+    if isinstance(dtype, str) and dtype in ("bfloat16", "bf16"):
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        # jax.numpy scalar types (jnp.bfloat16, jnp.int32) expose .dtype
+        return np.dtype(getattr(dtype, "dtype", dtype))
+
+
+def _storage_of(t: pa.DataType) -> pa.DataType:
+    return t.storage_type if isinstance(t, pa.BaseExtensionType) else t
+
+
+def _tensor_shape(t: pa.DataType) -> tuple[int, ...] | None:
+    """The per-row shape of a fixed-shape tensor extension type, else None."""
+    if isinstance(t, pa.FixedShapeTensorType):
+        return tuple(t.shape)
+    shape = getattr(t, "shape", None)
+    if isinstance(t, pa.BaseExtensionType) and isinstance(shape, tuple):
+        if all(isinstance(d, int) and d >= 0 for d in shape):
+            return shape
+    return None
+
+
+def _leaf_type(t: pa.DataType) -> pa.DataType:
+    t = _storage_of(t)
+    while pa.types.is_fixed_size_list(t) or pa.types.is_list(t) or pa.types.is_large_list(t):
+        t = _storage_of(t.value_type)
+    return t
+
+
+def _is_numeric(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+
+
+@dataclasses.dataclass(frozen=True)
+class ColumnSpec:
+    """How one Arrow column becomes one NumPy array (decided from the schema)."""
+
+    name: str
+    kind: str  # "scalar" | "fixed" | "tensor" | "varlen"
+    row_shape: tuple[int, ...]
+    arrow_dtype: np.dtype
+    out_dtype: np.dtype
+    pad_length: int | None = None
+    pad_value: Any = 0
+
+
+def plan_columns(
+    schema: pa.Schema,
+    *,
+    columns: list[str] | None = None,
+    exclude: list[str] | tuple[str, ...] = (),
+    dtypes: Mapping[str, Any] | None = None,
+    pad_lengths: Mapping[str, int] | None = None,
+    pad_values: Mapping[str, Any] | None = None,
+    reserved: tuple[str, ...] = (),
+) -> list[ColumnSpec]:
+    """Validates the requested columns against ``schema`` and decides each conversion.
+
+    Raises:
+        SpecError: Unknown column in ``columns``/``exclude``/``dtypes``/``pad_lengths``,
+            a string/binary column that is not excluded, a variable-length list
+            column without a ``pad_lengths`` entry, or an unsupported type.
+    """
+    names = list(schema.names)
+    available = ", ".join(names) or "(none)"
+    dtypes = dict(dtypes or {})
+    pad_lengths = dict(pad_lengths or {})
+    pad_values = dict(pad_values or {})
+    for arg, requested in (
+        ("columns", columns or []),
+        ("exclude", exclude),
+        ("dtypes", dtypes),
+        ("pad_lengths", pad_lengths),
+        ("pad_values", pad_values),
+    ):
+        for c in requested:
+            if c not in names:
+                raise SpecError(
+                    f"JaxLoader: column {c!r} given in {arg}= not found in the dataset; "
+                    f"available: {available}."
+                )
+    selected = [c for c in (columns if columns is not None else names) if c not in set(exclude)]
+    if not selected:
+        raise SpecError(f"JaxLoader: no columns selected; available: {available}.")
+    for c in selected:
+        if c in reserved:
+            raise SpecError(
+                f"JaxLoader: column {c!r} clashes with the loader's {c!r} output "
+                f"(remainder='pad' adds it); rename the column or pass mask_key=."
+            )
+    specs = []
+    for c in selected:
+        t = schema.field(c).type
+        storage = _storage_of(t)
+        leaf = _leaf_type(t)
+        if (
+            pa.types.is_string(leaf)
+            or pa.types.is_large_string(leaf)
+            or pa.types.is_binary(leaf)
+            or pa.types.is_large_binary(leaf)
+            or getattr(pa.types, "is_string_view", lambda _: False)(leaf)
+        ):
+            raise SpecError(
+                f"JaxLoader: column {c!r} is a string/binary column ({t}); only numeric "
+                f"columns can become jax.Arrays. Tokenize or encode it in the pipeline, or "
+                f"leave it out with exclude=[{c!r}] (or columns=[...])."
+            )
+        if not _is_numeric(leaf):
+            raise SpecError(
+                f"JaxLoader: column {c!r} has type {t}, which the loader cannot turn into "
+                f"a dense array (numeric scalars, fixed_size_list, tensor columns and "
+                f"padded lists are supported); exclude it or convert it first."
+            )
+        arrow_dtype = np.dtype(leaf.to_pandas_dtype())
+        out_dtype = resolve_dtype(dtypes[c]) if c in dtypes else arrow_dtype
+        tshape = _tensor_shape(t)
+        if tshape is not None:
+            specs.append(ColumnSpec(c, "tensor", tshape, arrow_dtype, out_dtype))
+            continue
+        if isinstance(t, pa.BaseExtensionType):
+            raise SpecError(
+                f"JaxLoader: column {c!r} is a variable-shaped tensor column ({t}); pad it "
+                f"to a fixed shape in the pipeline or exclude it."
+            )
+        if pa.types.is_fixed_size_list(storage):
+            shape = []
+            tt = storage
+            while pa.types.is_fixed_size_list(tt):
+                shape.append(tt.list_size)
+                tt = _storage_of(tt.value_type)
+            if not _is_numeric(tt):
+                raise SpecError(
+                    f"JaxLoader: column {c!r} ({t}) mixes fixed- and variable-length "
+                    f"lists; make every level fixed-size in the pipeline."
+                )
+            specs.append(ColumnSpec(c, "fixed", tuple(shape), arrow_dtype, out_dtype))
+            continue
+        if pa.types.is_list(storage) or pa.types.is_large_list(storage):
+            if not _is_numeric(_storage_of(storage.value_type)):
+                raise SpecError(
+                    f"JaxLoader: column {c!r} ({t}) is a nested variable-length list; only "
+                    f"one level of list<number> can be padded. Flatten or pad it first."
+                )
+            if c not in pad_lengths:
+                raise SpecError(
+                    f"JaxLoader: column {c!r} is a variable-length list ({t}); static "
+                    f"shapes need a padding length: pass pad_lengths={{{c!r}: L}} (rows are "
+                    f"padded with pad_values.get({c!r}, 0) or truncated to L), or exclude it."
+                )
+            L = int(pad_lengths[c])
+            if L <= 0:
+                raise SpecError(f"JaxLoader: pad_lengths[{c!r}] must be positive, got {L}.")
+            specs.append(
+                ColumnSpec(c, "varlen", (L,), arrow_dtype, out_dtype, L, pad_values.get(c, 0))
+            )
+            continue
+        specs.append(ColumnSpec(c, "scalar", (), arrow_dtype, out_dtype))
+    for c in pad_lengths:
+        if c in selected and not any(s.name == c and s.kind == "varlen" for s in specs):
+            raise SpecError(
+                f"JaxLoader: pad_lengths[{c!r}] given but column {c!r} is not a "
+                f"variable-length list ({schema.field(c).type}); remove the entry."
+            )
+    return specs
+
+
+def _single_chunk(col: pa.ChunkedArray | pa.Array, counter: list[int]) -> pa.Array:
+    if isinstance(col, pa.ChunkedArray):
+        if col.num_chunks == 1:
+            return col.chunk(0)
+        counter[0] += 1
+        return col.combine_chunks()
+    return col
+
+
+def _check_nulls(name: str, arr: pa.Array) -> None:
+    if arr.null_count:
+        raise SpecError(
+            f"JaxLoader: column {name!r} has {arr.null_count} null rows in this batch; "
+            f"fill them in the pipeline (e.g. a fill_null transform) before loading."
+        )
+
+
+def _primitive_view(arr: pa.Array, counter: list[int]) -> np.ndarray:
+    if pa.types.is_boolean(arr.type):
+        counter[0] += 1
+        return arr.to_numpy(zero_copy_only=False)
+    return arr.to_numpy(zero_copy_only=True)
+
+
+def convert_column(spec: ColumnSpec, col: pa.ChunkedArray | pa.Array, counter: list[int]):
+    """One column of a batch as a NumPy array of ``spec.out_dtype``.
+
+    ``counter[0]`` is incremented once per full copy of the column made here.
+    """
+    arr = _single_chunk(col, counter)
+    n = len(arr)
+    if isinstance(arr, pa.ExtensionArray):
+        arr = arr.storage
+    _check_nulls(spec.name, arr)
+    if spec.kind == "scalar":
+        out = _primitive_view(arr, counter)
+    elif spec.kind == "fixed":
+        a = arr
+        while pa.types.is_fixed_size_list(a.type):
+            # flatten() honours the slice offset; it is a zero-copy slice of values.
+            a = a.flatten()
+            if isinstance(a, pa.ExtensionArray):
+                a = a.storage
+            _check_nulls(spec.name, a)
+        out = _primitive_view(a, counter).reshape((n,) + spec.row_shape)
+    elif spec.kind == "tensor":
+        a = arr.flatten() if n else arr.values.slice(0, 0)
+        if isinstance(a, pa.ExtensionArray):
+            a = a.storage
+        while pa.types.is_fixed_size_list(a.type):
+            a = a.flatten()
+        out = _primitive_view(a, counter).reshape((n,) + spec.row_shape)
+    elif spec.kind == "varlen":
+        L = spec.pad_length
+        offsets = arr.offsets.to_numpy(zero_copy_only=False)  # n+1 ints, small
+        values = arr.values
+        if isinstance(values, pa.ExtensionArray):
+            values = values.storage
+        _check_nulls(spec.name, values)
+        vals = _primitive_view(values, counter)
+        lengths = np.minimum(np.diff(offsets), L)
+        valid = np.arange(L)[None, :] < lengths[:, None]
+        out = np.full((n, L), spec.pad_value, dtype=vals.dtype)
+        pos = offsets[:-1, None] + np.arange(L)[None, :]
+        out[valid] = vals[pos[valid]]
+        counter[0] += 1
+    else:  # pragma: no cover
+        raise AssertionError(spec.kind)
+    if out.dtype != spec.out_dtype:
+        out = out.astype(spec.out_dtype)
+        counter[0] += 1
+    return out
+
+
+def convert_table(
+    specs: list[ColumnSpec], table: pa.Table, counter: list[int] | None = None
+) -> dict[str, np.ndarray]:
+    """Converts the selected columns of ``table`` (see :func:`plan_columns`)."""
+    counter = counter if counter is not None else [0]
+    return {s.name: convert_column(s, table.column(s.name), counter) for s in specs}
+
+
+def empty_batch(specs: list[ColumnSpec], rows: int) -> dict[str, np.ndarray]:
+    """A batch of ``rows`` rows filled with each column's pad value."""
+    return {
+        s.name: np.full((rows,) + s.row_shape, s.pad_value, dtype=s.out_dtype) for s in specs
+    }
+
+
+def pad_batch(
+    batch: dict[str, np.ndarray], specs: list[ColumnSpec], rows: int
+) -> dict[str, np.ndarray]:
+    """Pads every array of ``batch`` to ``rows`` rows with the column's pad value."""
+    out = {}
+    for s in specs:
+        a = batch[s.name]
+        if len(a) == rows:
+            out[s.name] = a
+            continue
+        p = np.full((rows,) + a.shape[1:], s.pad_value, dtype=a.dtype)
+        p[: len(a)] = a
+        out[s.name] = p
+    return out

@@ -1,0 +1,56 @@
+"""Tiny datasets for the loader tests, written by pyarrow (not Ray).
+
+Importable from the test modules and from the subprocess workers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+def make_table(start: int, n: int, width: int = 4) -> pa.Table:
+    """Rows ``start .. start+n-1``: ``id`` int64, ``x`` fixed_size_list<float32>[width]
+    (x[i] = id * 10 + j), ``y`` fixed_size_list<fixed_size_list<int32>[2]>[3]."""
+    ids = np.arange(start, start + n, dtype=np.int64)
+    x = (ids[:, None] * 10 + np.arange(width)[None, :]).astype(np.float32)
+    y = (ids[:, None] + np.arange(6)[None, :]).astype(np.int32)
+    return pa.table(
+        {
+            "id": ids,
+            "x": pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), width),
+            "y": pa.FixedSizeListArray.from_arrays(
+                pa.FixedSizeListArray.from_arrays(pa.array(y.ravel()), 2), 3
+            ),
+        }
+    )
+
+
+def write_committed(
+    uri_dir: str, sizes: list[int], *, row_group_size: int = 7, width: int = 4
+) -> int:
+    """Writes ``part-*.parquet`` files of ``sizes`` rows and a ``_manifest.json``
+    (local path). Returns the total row count; ids are 0..N-1 across files."""
+    from slicefeed.connectors import Manifest, ManifestFile
+
+    os.makedirs(uri_dir, exist_ok=True)
+    files = []
+    start = 0
+    schema = None
+    for i, n in enumerate(sizes):
+        t = make_table(start, n, width)
+        schema = t.schema
+        name = f"part-{i:05d}.parquet"
+        path = os.path.join(uri_dir, name)
+        pq.write_table(t, path, row_group_size=row_group_size)
+        data = open(path, "rb").read()
+        files.append(ManifestFile(name, n, len(data), hashlib.sha256(data).hexdigest()))
+        start += n
+    m = Manifest(files=tuple(files), schema=schema)
+    with open(os.path.join(uri_dir, "_manifest.json"), "w") as f:
+        f.write(m.to_json())
+    return start

@@ -1,0 +1,109 @@
+"""Zero-copy access to variable-length Arrow arrays as NumPy (values, offsets)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+
+def list_parts(arr: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(values, offsets, valid)`` of a list / binary / string array.
+
+    ``offsets`` are rebased to start at 0 (length n + 1, int64); ``values`` is
+    the matching slice of the child values (a NumPy view where Arrow allows:
+    uint8 for binary/string). Null rows have an empty range.
+    """
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
+    t = arr.type
+    n = len(arr)
+    valid = (
+        np.ones(n, dtype=bool)
+        if arr.null_count == 0
+        else arr.is_valid().to_numpy(zero_copy_only=False)
+    )
+    if pa.types.is_fixed_size_list(t):
+        size = t.list_size
+        flat = arr.flatten() if arr.null_count == 0 else _fsl_values(arr)
+        offsets = np.arange(n + 1, dtype=np.int64) * size
+        values = flat.to_numpy(zero_copy_only=False)
+        if arr.null_count:
+            # Null rows of a fixed-size list are empty here, like other lists.
+            lengths = np.where(valid, size, 0)
+            offsets = np.concatenate([[0], np.cumsum(lengths)])
+            values = values.reshape(n, size)[valid].reshape(-1) if size else values
+        return values, offsets, valid
+    if pa.types.is_binary(t) or pa.types.is_string(t):
+        odt, bufs = np.int32, arr.buffers()
+    elif pa.types.is_large_binary(t) or pa.types.is_large_string(t):
+        odt, bufs = np.int64, arr.buffers()
+    elif pa.types.is_list(t) or pa.types.is_large_list(t):
+        offsets = arr.offsets.to_numpy().astype(np.int64)
+        start, end = offsets[0], offsets[-1]
+        values = arr.values.slice(start, end - start).to_numpy(zero_copy_only=False)
+        offsets = offsets - start
+        if arr.null_count:
+            lengths = np.where(valid, np.diff(offsets), 0)
+            if (lengths != np.diff(offsets)).any():
+                keep = np.repeat(valid, np.diff(offsets))
+                values = values[keep]
+            offsets = np.concatenate([[0], np.cumsum(lengths)])
+        return values, offsets, valid
+    else:
+        raise TypeError(f"not a list/binary/string array: {t}")
+    # binary / string: buffers = [validity, offsets, data]
+    raw_off = np.frombuffer(bufs[1], dtype=odt)[arr.offset : arr.offset + n + 1].astype(np.int64)
+    data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
+    start, end = (raw_off[0], raw_off[-1]) if n else (0, 0)
+    values = data[start:end]
+    offsets = raw_off - start
+    if arr.null_count:
+        lengths = np.where(valid, np.diff(offsets), 0)
+        if (lengths != np.diff(offsets)).any():
+            values = values[np.repeat(valid, np.diff(offsets))]
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+    return values, offsets, valid
+
+
+def _fsl_values(arr: pa.FixedSizeListArray) -> pa.Array:
+    # .values ignores the parent's slice offset; take the slice explicitly.
+    size = arr.type.list_size
+    return arr.values.slice(arr.offset * size, len(arr) * size)
+
+
+def make_list(
+    values: np.ndarray,
+    offsets: np.ndarray,
+    valid: np.ndarray | None = None,
+    value_type: pa.DataType = pa.int32(),
+) -> pa.ListArray:
+    """A ``list<value_type>`` array from NumPy parts (nulls where not ``valid``)."""
+    mask = None if valid is None or valid.all() else pa.array(~valid)
+    offs = pa.array(offsets.astype(np.int32 if offsets[-1] < 2**31 else np.int64))
+    vals = pa.array(values, type=value_type)
+    if offs.type == pa.int64():
+        return pa.LargeListArray.from_arrays(offs, vals, mask=mask)
+    return pa.ListArray.from_arrays(offs, vals, mask=mask)
+
+
+def make_fixed(
+    values: np.ndarray,
+    size: int,
+    valid: np.ndarray | None = None,
+    value_type: pa.DataType = pa.int32(),
+) -> pa.FixedSizeListArray:
+    """A ``fixed_size_list<value_type>[size]`` array from a dense (n * size) array."""
+    mask = None if valid is None or valid.all() else pa.array(~valid)
+    return pa.FixedSizeListArray.from_arrays(
+        pa.array(np.ascontiguousarray(values).reshape(-1), type=value_type), size, mask=mask
+    )
+
+
+def segment_arange(lengths: np.ndarray) -> np.ndarray:
+    """``concat(arange(l) for l in lengths)`` without a Python loop."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    starts = np.cumsum(lengths) - lengths
+    return np.arange(total, dtype=np.int64) - np.repeat(starts, lengths)

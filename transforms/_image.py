@@ -1,0 +1,588 @@
+"""Image transforms: decode, resize, crop, flip, normalise.
+
+Two column layouts carry images between transforms:
+
+- **variable** (after :class:`DecodeImage`, or a shorter-side :class:`Resize`):
+  ``struct<height: int32, width: int32, pixels: list<fixed_size_list<uint8>[C]>>``
+  (HWC, row-major; C, the channel count, is part of the type).
+- **fixed** (after an exact :class:`Resize`, a crop, or :class:`NormalizeImage`):
+  ``fixed_size_list<fixed_size_list<fixed_size_list<T>[C]>[W]>[H]``, a static
+  HWC shape in the type; a batch's values buffer is one dense ``(B, H, W, C)``
+  array (zero-copy ``reshape``). ``T`` is uint8, float32, or uint16 holding
+  bfloat16 bits (field metadata ``slicefeed.dtype: bfloat16``).
+
+Decoding and resampling call Pillow once per image (images differ in size);
+crops, flips and normalisation of fixed-size images are vectorised NumPy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import re
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+import pyarrow as pa
+
+from slicefeed.transforms._arrays import list_parts
+from slicefeed.transforms._base import (
+    PROVENANCE_FILE,
+    PROVENANCE_ROW,
+    Transform,
+    mark_errors,
+    row_keys,
+    row_uniform,
+    seeded_copy,
+)
+from slicefeed.transforms._dtypes import bfloat16_field, to_bfloat16_bits
+
+MODES = {"RGB": 3, "L": 1, "RGBA": 4}
+RESAMPLE = ("nearest", "bilinear", "bicubic", "lanczos", "box")
+IMAGE_DTYPES = ("uint8", "float32", "bfloat16")
+
+
+def variable_type(channels: int) -> pa.DataType:
+    """Arrow type of a variable-size image column with ``channels`` channels."""
+    return pa.struct(
+        [
+            pa.field("height", pa.int32()),
+            pa.field("width", pa.int32()),
+            pa.field("pixels", pa.list_(pa.list_(pa.uint8(), channels))),
+        ]
+    )
+
+
+def fixed_type(h: int, w: int, c: int, value_type: pa.DataType = pa.uint8()) -> pa.DataType:
+    """Arrow type of a fixed ``(h, w, c)`` image column."""
+    return pa.list_(pa.list_(pa.list_(value_type, c), w), h)
+
+
+def image_layout(t: pa.DataType) -> tuple[str, tuple[int, ...] | None, int, pa.DataType] | None:
+    """``(layout, (h, w) or None, channels, value type)`` of an image column type."""
+    if pa.types.is_struct(t) and [f.name for f in t] == ["height", "width", "pixels"]:
+        px = t.field("pixels").type
+        if pa.types.is_list(px) and pa.types.is_fixed_size_list(px.value_type):
+            return "variable", None, px.value_type.list_size, px.value_type.value_type
+    if (
+        pa.types.is_fixed_size_list(t)
+        and pa.types.is_fixed_size_list(t.value_type)
+        and pa.types.is_fixed_size_list(t.value_type.value_type)
+    ):
+        h, w, c = t.list_size, t.value_type.list_size, t.value_type.value_type.list_size
+        return "fixed", (h, w), c, t.value_type.value_type.value_type
+    return None
+
+
+def read_images(col: pa.Array | pa.ChunkedArray) -> tuple[Any, np.ndarray]:
+    """``(images, valid)``: a dense ``(B, H, W, C)`` array for the fixed layout
+    (a view where possible), or a list of ``(h, w, c)`` views for variable."""
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    layout = image_layout(col.type)
+    n = len(col)
+    valid = np.ones(n, bool) if col.null_count == 0 else col.is_valid().to_numpy(zero_copy_only=False)
+    if layout is None:
+        raise TypeError(f"not an image column: {col.type}")
+    kind, hw, c, _ = layout
+    if kind == "fixed":
+        h, w = hw
+        size = h * w * c
+        flat = col.values.slice(col.offset * h, n * h).flatten().flatten()
+        return flat.to_numpy(zero_copy_only=False).reshape(n, h, w, c), valid
+    hs = col.field("height").fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    ws = col.field("width").fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    px = col.field("pixels")
+    offs = px.offsets.to_numpy().astype(np.int64)
+    values = px.values.flatten().to_numpy(zero_copy_only=False)
+    images = []
+    for i in range(n):
+        if not valid[i]:
+            images.append(None)
+            continue
+        a, b = offs[i] * c, offs[i + 1] * c
+        images.append(values[a:b].reshape(hs[i], ws[i], c))
+    return images, valid
+
+
+def write_variable(images: Sequence[np.ndarray | None], channels: int) -> pa.Array:
+    """A variable-layout column from ``(h, w, c)`` uint8 arrays (None -> null)."""
+    n = len(images)
+    hs = np.array([0 if im is None else im.shape[0] for im in images], np.int32)
+    ws = np.array([0 if im is None else im.shape[1] for im in images], np.int32)
+    valid = np.array([im is not None for im in images], bool)
+    npx = hs.astype(np.int64) * ws
+    offsets = np.concatenate([[0], np.cumsum(npx)]).astype(np.int32)
+    parts = [im.reshape(-1) for im in images if im is not None]
+    values = np.concatenate(parts).astype(np.uint8) if parts else np.zeros(0, np.uint8)
+    pixels = pa.ListArray.from_arrays(
+        pa.array(offsets), pa.FixedSizeListArray.from_arrays(pa.array(values), channels)
+    )
+    mask = None if valid.all() else pa.array(~valid)
+    return pa.StructArray.from_arrays(
+        [pa.array(hs), pa.array(ws), pixels],
+        fields=list(variable_type(channels)),
+        mask=mask,
+    )
+
+
+def write_fixed(images: np.ndarray, valid: np.ndarray, value_type: pa.DataType) -> pa.Array:
+    """A fixed-layout column from a dense ``(B, H, W, C)`` array."""
+    n, h, w, c = images.shape
+    vals = pa.array(np.ascontiguousarray(images).reshape(-1), type=value_type)
+    inner = pa.FixedSizeListArray.from_arrays(vals, c)
+    row = pa.FixedSizeListArray.from_arrays(inner, w)
+    mask = None if valid.all() else pa.array(~valid)
+    return pa.FixedSizeListArray.from_arrays(row, h, mask=mask)
+
+
+def _stack(images: list[np.ndarray | None], shape: tuple[int, int, int]) -> np.ndarray:
+    out = np.zeros((len(images), *shape), np.uint8)
+    for i, im in enumerate(images):
+        if im is not None:
+            out[i] = im
+    return out
+
+
+def _set(table: pa.Table, name: str, arr: pa.Array, field: pa.Field | None = None) -> pa.Table:
+    field = field or pa.field(name, arr.type)
+    if name in table.column_names:
+        return table.set_column(table.column_names.index(name), field, arr)
+    return table.append_column(field, arr)
+
+
+def _set_schema(schema: pa.Schema, field: pa.Field) -> pa.Schema:
+    if field.name in schema.names:
+        return schema.set(schema.get_field_index(field.name), field)
+    return schema.append(field)
+
+
+class _ImageTransform(Transform):
+    """Shared checks for transforms that take an image column."""
+
+    column: str
+
+    def _layout(self, schema: pa.Schema):
+        t = self._require(schema, self.column)
+        layout = image_layout(t)
+        if layout is None or layout[3] != pa.uint8():
+            raise self._spec_error(
+                f"column {self.column!r} has type {t}; expected a uint8 image column "
+                "(add DecodeImage first; NormalizeImage must come last)"
+            )
+        return layout
+
+    @property
+    def out(self) -> str:
+        return getattr(self, "output", None) or self.column
+
+
+def _pos_int(self: Transform, **kw: Any) -> None:
+    for k, v in kw.items():
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise self._spec_error(f"{k} must be a positive integer; got {v!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeImage(_ImageTransform):
+    """Decodes JPEG/PNG (any Pillow format) into the variable image layout.
+
+    The input is encoded bytes (binary column) or file paths / URIs (string
+    column; the bytes are fetched through ``slicefeed.connectors``). An image
+    that cannot be read or decoded marks its row bad.
+
+    Args:
+        column: Input column (binary or string paths).
+        output: Output column (default: replace ``column``).
+        mode: Pillow mode to convert to: ``RGB`` (3 channels), ``L`` (1), ``RGBA`` (4).
+    """
+
+    name: ClassVar[str] = "decode_image"
+    column: str = "image"
+    output: str | None = None
+    mode: str = "RGB"
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise self._spec_error(f"unknown mode {self.mode!r}; allowed: {', '.join(MODES)}")
+
+    def output_schema(self, schema: pa.Schema) -> pa.Schema:
+        self._require(schema, self.column, kinds=("binary", "string"))
+        return _set_schema(schema, pa.field(self.out, variable_type(MODES[self.mode])))
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        from PIL import Image
+
+        col = table.column(self.column)
+        is_path = pa.types.is_string(col.type) or pa.types.is_large_string(col.type)
+        items = col.to_pylist()
+        images: list[np.ndarray | None] = []
+        reasons = np.full(len(items), None, dtype=object)
+        for i, item in enumerate(items):
+            if item is None:
+                reasons[i] = f"DecodeImage: column {self.column!r} is null"
+                images.append(None)
+                continue
+            try:
+                data = _fetch(item) if is_path else item
+                with Image.open(io.BytesIO(data)) as img:
+                    arr = np.asarray(img.convert(self.mode))
+                if arr.ndim == 2:
+                    arr = arr[:, :, None]
+                images.append(arr)
+            except Exception as e:  # noqa: BLE001 - any codec failure is a bad record
+                what = f"path {item!r}" if is_path else f"{len(item)} bytes"
+                # Object reprs carry memory addresses; keep reasons reproducible.
+                msg = re.sub(r" <[^>]* at 0x[0-9a-fA-F]+>", "", str(e))
+                reasons[i] = (
+                    f"DecodeImage: cannot decode image in column {self.column!r} ({what}): "
+                    f"{type(e).__name__}: {msg}"
+                )
+                images.append(None)
+        out = write_variable(images, MODES[self.mode])
+        table = _set(table, self.out, out)
+        return mark_errors(table, reasons != None, reasons)  # noqa: E711
+
+
+def _fetch(uri: str) -> bytes:
+    from slicefeed.connectors import resolve_filesystem
+
+    r = resolve_filesystem(uri)
+    return r.fs.cat_file(r.path)
+
+
+_PIL_RESAMPLE = {
+    "nearest": 0,
+    "lanczos": 1,
+    "bilinear": 2,
+    "bicubic": 3,
+    "box": 4,
+}
+
+
+def _pil_resize(im: np.ndarray, w: int, h: int, resample: str) -> np.ndarray:
+    from PIL import Image
+
+    if im.shape[0] == h and im.shape[1] == w:
+        return im
+    c = im.shape[2]
+    src = Image.fromarray(im[:, :, 0] if c == 1 else im)
+    out = np.asarray(src.resize((w, h), _PIL_RESAMPLE[resample]))
+    return out[:, :, None] if out.ndim == 2 else out
+
+
+@dataclasses.dataclass(frozen=True)
+class Resize(_ImageTransform):
+    """Resizes images with Pillow.
+
+    Give ``height`` and ``width`` for an exact size (output: fixed layout), or
+    ``shorter_side`` to scale keeping the aspect ratio (output: variable layout;
+    follow with a crop for a fixed shape).
+
+    Args:
+        column: Image column.
+        height: Output height. width: Output width.
+        shorter_side: Target length of the shorter side.
+        resample: ``nearest``, ``bilinear``, ``bicubic``, ``lanczos`` or ``box``.
+    """
+
+    name: ClassVar[str] = "resize"
+    column: str = "image"
+    height: int | None = None
+    width: int | None = None
+    shorter_side: int | None = None
+    resample: str = "bilinear"
+
+    def __post_init__(self) -> None:
+        _pos_int(self, height=self.height, width=self.width, shorter_side=self.shorter_side)
+        exact = self.height is not None and self.width is not None
+        if exact == (self.shorter_side is not None) or (
+            (self.height is None) != (self.width is None)
+        ):
+            raise self._spec_error(
+                "give either height and width (exact size) or shorter_side (keep aspect ratio)"
+            )
+        if self.resample not in RESAMPLE:
+            raise self._spec_error(
+                f"unknown resample {self.resample!r}; allowed: {', '.join(RESAMPLE)}"
+            )
+
+    def output_schema(self, schema: pa.Schema) -> pa.Schema:
+        _, _, c, _ = self._layout(schema)
+        t = fixed_type(self.height, self.width, c) if self.shorter_side is None else variable_type(c)
+        return _set_schema(schema, pa.field(self.column, t))
+
+    def _size(self, h: int, w: int) -> tuple[int, int]:
+        if self.shorter_side is None:
+            return self.height, self.width  # type: ignore[return-value]
+        s = self.shorter_side
+        if h <= w:
+            return s, max(1, round(w * s / h))
+        return max(1, round(h * s / w)), s
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        col = table.column(self.column)
+        _, _, c, _ = image_layout(col.type)
+        images, valid = read_images(col)
+        out = []
+        for im, ok in zip(images, valid):
+            if not ok:
+                out.append(None)
+                continue
+            h, w = self._size(im.shape[0], im.shape[1])
+            out.append(_pil_resize(np.ascontiguousarray(im), w, h, self.resample))
+        if self.shorter_side is None:
+            dense = _stack(out, (self.height, self.width, c))
+            return _set(table, self.column, write_fixed(dense, valid, pa.uint8()))
+        return _set(table, self.column, write_variable(out, c))
+
+
+def _crop(
+    table: pa.Table,
+    t: _ImageTransform,
+    h: int,
+    w: int,
+    oy_frac: np.ndarray | None,
+    ox_frac: np.ndarray | None,
+) -> pa.Table:
+    """Crops every image to (h, w) at offsets ``frac * (H - h)`` (centre when None)."""
+    col = table.column(t.column)
+    _, _, c, _ = image_layout(col.type)
+    images, valid = read_images(col)
+    n = len(valid)
+    bad = np.zeros(n, bool)
+    if isinstance(images, np.ndarray):
+        H, W = images.shape[1:3]
+        if H < h or W < w:
+            bad[valid] = True
+            dense = np.zeros((n, h, w, c), np.uint8)
+            reason = f"{t._label()}: image {H}x{W} is smaller than the crop {h}x{w}; resize first"
+        else:
+            oy = ((H - h) // 2) * np.ones(n, np.int64) if oy_frac is None else (oy_frac * (H - h + 1)).astype(np.int64)
+            ox = ((W - w) // 2) * np.ones(n, np.int64) if ox_frac is None else (ox_frac * (W - w + 1)).astype(np.int64)
+            if oy_frac is None:
+                dense = images[:, oy[0] : oy[0] + h, ox[0] : ox[0] + w]
+            else:
+                ys = oy[:, None, None] + np.arange(h)[None, :, None]
+                xs = ox[:, None, None] + np.arange(w)[None, None, :]
+                dense = images[np.arange(n)[:, None, None], ys, xs]
+            reason = ""
+        return mark_errors(
+            _set(table, t.column, write_fixed(dense, valid & ~bad, pa.uint8())), bad, reason
+        )
+    dense = np.zeros((n, h, w, c), np.uint8)
+    reasons = np.full(n, None, dtype=object)
+    for i, im in enumerate(images):
+        if im is None:
+            continue
+        H, W = im.shape[:2]
+        if H < h or W < w:
+            bad[i] = True
+            reasons[i] = f"{t._label()}: image {H}x{W} is smaller than the crop {h}x{w}; resize first"
+            continue
+        oy = (H - h) // 2 if oy_frac is None else int(oy_frac[i] * (H - h + 1))
+        ox = (W - w) // 2 if ox_frac is None else int(ox_frac[i] * (W - w + 1))
+        dense[i] = im[oy : oy + h, ox : ox + w]
+    table = _set(table, t.column, write_fixed(dense, valid & ~bad, pa.uint8()))
+    return mark_errors(table, bad, reasons)
+
+
+@dataclasses.dataclass(frozen=True)
+class CenterCrop(_ImageTransform):
+    """Crops the centre ``height x width`` (output: fixed layout).
+
+    An image smaller than the crop marks its row bad.
+    """
+
+    name: ClassVar[str] = "center_crop"
+    column: str = "image"
+    height: int = 224
+    width: int = 224
+
+    def __post_init__(self) -> None:
+        _pos_int(self, height=self.height, width=self.width)
+
+    def output_schema(self, schema: pa.Schema) -> pa.Schema:
+        _, hw, c, _ = self._layout(schema)
+        if hw is not None and (hw[0] < self.height or hw[1] < self.width):
+            raise self._spec_error(
+                f"column {self.column!r} holds {hw[0]}x{hw[1]} images, smaller than the crop "
+                f"{self.height}x{self.width}"
+            )
+        return _set_schema(schema, pa.field(self.column, fixed_type(self.height, self.width, c)))
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        return _crop(table, self, self.height, self.width, None, None)
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomCrop(_ImageTransform):
+    """Crops a random ``height x width`` window, seeded per row.
+
+    The offset is a function of (seed, ``_sf_file``, ``_sf_row``) only, so
+    reruns crop identically. ``seed`` defaults to the pipeline seed.
+    """
+
+    name: ClassVar[str] = "random_crop"
+    column: str = "image"
+    height: int = 224
+    width: int = 224
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        _pos_int(self, height=self.height, width=self.width)
+
+    def with_seed(self, seed: int) -> Transform:
+        return seeded_copy(self, seed)
+
+    def output_schema(self, schema: pa.Schema) -> pa.Schema:
+        out = CenterCrop(self.column, self.height, self.width).output_schema(schema)
+        _require_identity(self, schema)
+        return out
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        keys = row_keys(table, seed=self.seed or 0, salt=f"random_crop/{self.column}")
+        return _crop(table, self, self.height, self.width, row_uniform(keys, 0), row_uniform(keys, 1))
+
+
+def _require_identity(t: Transform, schema: pa.Schema) -> None:
+    missing = [c for c in (PROVENANCE_FILE, PROVENANCE_ROW) if c not in schema.names]
+    if missing:
+        raise t._spec_error(
+            f"needs the row identity columns {PROVENANCE_FILE!r} and {PROVENANCE_ROW!r} "
+            "(readers add them with provenance=True) to draw per-row randomness; missing "
+            + ", ".join(missing)
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomFlip(_ImageTransform):
+    """Flips images horizontally and/or vertically with probability ``p``, seeded per row.
+
+    Args:
+        column: Image column.
+        horizontal: Flip left-right. vertical: Flip top-bottom (drawn independently).
+        p: Probability of each flip.
+        seed: Defaults to the pipeline seed.
+    """
+
+    name: ClassVar[str] = "random_flip"
+    column: str = "image"
+    horizontal: bool = True
+    vertical: bool = False
+    p: float = 0.5
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.p, (int, float)) or not 0 <= self.p <= 1:
+            raise self._spec_error(f"p must be a probability in [0, 1]; got {self.p!r}")
+        if not (self.horizontal or self.vertical):
+            raise self._spec_error("set horizontal and/or vertical to true")
+
+    def with_seed(self, seed: int) -> Transform:
+        return seeded_copy(self, seed)
+
+    def output_schema(self, schema: pa.Schema) -> pa.Schema:
+        self._layout(schema)
+        _require_identity(self, schema)
+        return schema
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        col = table.column(self.column)
+        kind, _, c, _ = image_layout(col.type)
+        keys = row_keys(table, seed=self.seed or 0, salt=f"random_flip/{self.column}")
+        fh = (row_uniform(keys, 0) < self.p) & bool(self.horizontal)
+        fv = (row_uniform(keys, 1) < self.p) & bool(self.vertical)
+        images, valid = read_images(col)
+        if kind == "fixed":
+            out = np.array(images, copy=True)
+            out[fh] = out[fh][:, :, ::-1]
+            out[fv] = out[fv][:, ::-1]
+            return _set(table, self.column, write_fixed(out, valid, pa.uint8()))
+        res = []
+        for im, h, v in zip(images, fh, fv):
+            if im is not None:
+                im = im[:, ::-1] if h else im
+                im = im[::-1] if v else im
+            res.append(im)
+        return _set(table, self.column, write_variable(res, c))
+
+
+@dataclasses.dataclass(frozen=True)
+class NormalizeImage(_ImageTransform):
+    """Turns fixed-size uint8 images into the training dtype.
+
+    ``float32``/``bfloat16``: ``(pixel / 255 - mean) / std`` per channel;
+    bfloat16 is stored as uint16 bits with field metadata. ``uint8`` keeps the
+    pixels (mean/std not allowed). Output: fixed layout ``(H, W, C)``.
+
+    Args:
+        column: Fixed-size image column.
+        mean: Per-channel means in [0, 1] units (one value or one per channel).
+        std: Per-channel standard deviations, likewise.
+        dtype: ``uint8``, ``float32`` or ``bfloat16``.
+        output: Output column (default: replace ``column``).
+    """
+
+    name: ClassVar[str] = "normalize_image"
+    column: str = "image"
+    mean: tuple[float, ...] | float = 0.0
+    std: tuple[float, ...] | float = 1.0
+    dtype: str = "float32"
+    output: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in IMAGE_DTYPES:
+            raise self._spec_error(f"unknown dtype {self.dtype!r}; allowed: {', '.join(IMAGE_DTYPES)}")
+        for k in ("mean", "std"):
+            v = getattr(self, k)
+            if isinstance(v, (list, tuple)):
+                object.__setattr__(self, k, tuple(float(x) for x in v))
+        std = np.atleast_1d(np.asarray(self.std, dtype=np.float64))
+        if (std <= 0).any():
+            raise self._spec_error(f"std must be positive; got {self.std!r}")
+        if self.dtype == "uint8" and (self.mean != 0.0 or self.std != 1.0):
+            raise self._spec_error("dtype uint8 keeps raw pixels; remove mean/std or use float32")
+
+    def _value_type(self) -> pa.DataType:
+        return {"uint8": pa.uint8(), "float32": pa.float32(), "bfloat16": pa.uint16()}[self.dtype]
+
+    def _field(self, h: int, w: int, c: int) -> pa.Field:
+        t = fixed_type(h, w, c, self._value_type())
+        if self.dtype == "bfloat16":
+            return bfloat16_field(self.out, t)
+        return pa.field(self.out, t)
+
+    def _stats(self, c: int) -> tuple[np.ndarray, np.ndarray]:
+        mean = np.atleast_1d(np.asarray(self.mean, np.float32))
+        std = np.atleast_1d(np.asarray(self.std, np.float32))
+        for k, v in (("mean", mean), ("std", std)):
+            if len(v) not in (1, c):
+                raise self._spec_error(f"{k} has {len(v)} values; the image has {c} channels")
+        return mean, std
+
+    def output_schema(self, schema: pa.Schema) -> pa.Schema:
+        kind, hw, c, _ = self._layout(schema)
+        if kind != "fixed":
+            raise self._spec_error(
+                f"column {self.column!r} holds images of varying size; add Resize(height, "
+                "width), CenterCrop or RandomCrop before NormalizeImage"
+            )
+        self._stats(c)
+        return _set_schema(schema, self._field(hw[0], hw[1], c))
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        col = table.column(self.column)
+        images, valid = read_images(col)
+        n, h, w, c = images.shape
+        if self.dtype == "uint8":
+            out = images
+        else:
+            mean, std = self._stats(c)
+            scale = (1.0 / (255.0 * std)).astype(np.float32)
+            out = images.astype(np.float32) * scale - (mean / std).astype(np.float32)
+            if self.dtype == "bfloat16":
+                out = to_bfloat16_bits(out)
+        arr = write_fixed(out, valid, self._value_type())
+        return _set(table, self.out, arr, self._field(h, w, c))

@@ -1,0 +1,343 @@
+"""Text transforms: Tokenize and PadOrTruncate."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any, ClassVar
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from slicefeed.transforms._arrays import list_parts, make_fixed, make_list, segment_arange
+from slicefeed.transforms._base import Transform, mark_errors
+
+#: Built-in byte-level tokenizer: 0 = padding, 1 = BOS, 2 = EOS, byte b -> b + 3.
+BYTE_PAD_ID, BYTE_BOS_ID, BYTE_EOS_ID, BYTE_OFFSET = 0, 1, 2, 3
+BYTE_VOCAB_SIZE = 256 + BYTE_OFFSET
+
+_CACHE: dict[str, Any] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def load_hf_tokenizer(uri: str):
+    """A ``tokenizers.Tokenizer`` from a ``tokenizer.json`` path or gs:// URI.
+
+    Fetches the file's bytes through :func:`slicefeed.connectors.resolve_filesystem`
+    (the only storage access in transforms) and caches the tokenizer per
+    process, so each Ray worker loads it once.
+
+    Raises:
+        FileNotFoundError: naming the URI.
+        ValueError: if the file is not a valid tokenizer.json.
+    """
+    with _CACHE_LOCK:
+        tok = _CACHE.get(uri)
+        if tok is not None:
+            return tok
+    from slicefeed.connectors import resolve_filesystem
+
+    try:
+        from tokenizers import Tokenizer
+    except ImportError as e:  # pragma: no cover
+        raise ImportError(
+            "Tokenize with a tokenizer.json needs the 'tokenizers' package: "
+            "pip install 'slicefeed[tokenizers]'"
+        ) from e
+    r = resolve_filesystem(uri)
+    try:
+        data = r.fs.cat_file(r.path)
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"Tokenize: tokenizer file {uri} does not exist; pass the path or gs:// URI of "
+            "a Hugging Face tokenizer.json, or tokenizer: bytes for the built-in one."
+        ) from None
+    try:
+        tok = Tokenizer.from_str(data.decode("utf-8"))
+    except Exception as e:
+        raise ValueError(f"Tokenize: {uri} is not a valid tokenizer.json ({e})") from e
+    with _CACHE_LOCK:
+        _CACHE[uri] = tok
+    return tok
+
+
+def _frame(
+    values: np.ndarray,
+    offsets: np.ndarray,
+    *,
+    bos: int | None,
+    eos: int | None,
+    max_length: int | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Adds BOS/EOS and truncates, vectorised. Returns (values int32, offsets)."""
+    lengths = np.diff(offsets)
+    extra = int(bos is not None) + int(eos is not None)
+    keep = lengths if max_length is None else np.minimum(lengths, max(max_length - extra, 0))
+    new_len = keep + extra
+    new_off = np.concatenate([[0], np.cumsum(new_len)]).astype(np.int64)
+    out = np.empty(int(new_off[-1]), dtype=np.int32)
+    within = segment_arange(keep)
+    src = np.repeat(offsets[:-1], keep) + within
+    dst = np.repeat(new_off[:-1] + int(bos is not None), keep) + within
+    out[dst] = values[src]
+    if bos is not None:
+        out[new_off[:-1]] = bos
+    if eos is not None:
+        out[new_off[1:] - 1] = eos
+    return out, new_off
+
+
+@dataclasses.dataclass(frozen=True)
+class Tokenize(Transform):
+    """Tokenizes a text column into ``list<int32>`` token ids.
+
+    ``tokenizer: bytes`` (default) is the built-in byte-level tokenizer: UTF-8
+    bytes ``b -> b + 3`` with 0 = padding, 1 = BOS, 2 = EOS (vocabulary 259),
+    fully vectorised. Otherwise ``tokenizer`` is a local path or gs:// URI of a
+    Hugging Face ``tokenizer.json``, encoded with ``encode_batch``.
+
+    Null text and text that is not valid UTF-8 (in a binary column) mark the
+    row bad; its output is null.
+
+    Args:
+        column: Input column (string or binary).
+        tokenizer: ``"bytes"`` or a tokenizer.json path / URI.
+        output: Output column (``list<int32>``).
+        add_bos: Prepend the BOS id. add_eos: Append the EOS id.
+        bos_token: BOS token (string looked up in the vocabulary, or an id);
+            defaults to 1 for ``bytes``; required with a tokenizer.json.
+        eos_token: EOS token, likewise (default 2 for ``bytes``).
+        max_length: Truncate to at most this many ids (BOS/EOS included).
+        add_special_tokens: Let a tokenizer.json's post-processor add its own
+            special tokens (``encode_batch(..., add_special_tokens=...)``).
+    """
+
+    name: ClassVar[str] = "tokenize"
+    column: str = "text"
+    tokenizer: str = "bytes"
+    output: str = "tokens"
+    add_bos: bool = False
+    add_eos: bool = False
+    bos_token: str | int | None = None
+    eos_token: str | int | None = None
+    max_length: int | None = None
+    add_special_tokens: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tokenizer, str) or not self.tokenizer:
+            raise self._spec_error(
+                f"tokenizer must be 'bytes' or a tokenizer.json path/URI; got {self.tokenizer!r}"
+            )
+        if self.max_length is not None and (
+            not isinstance(self.max_length, int)
+            or self.max_length < 1 + int(self.add_bos) + int(self.add_eos)
+        ):
+            raise self._spec_error(
+                f"max_length must be an integer >= {1 + int(self.add_bos) + int(self.add_eos)}"
+                f" (room for BOS/EOS and one token); got {self.max_length!r}"
+            )
+        if not self.output or not isinstance(self.output, str):
+            raise self._spec_error(f"output must be a column name; got {self.output!r}")
+
+    @property
+    def is_bytes(self) -> bool:
+        return self.tokenizer == "bytes"
+
+    def _special(self, tok, which: str) -> int | None:
+        want = self.add_bos if which == "bos" else self.add_eos
+        if not want:
+            return None
+        value = self.bos_token if which == "bos" else self.eos_token
+        if value is None:
+            if self.is_bytes:
+                return BYTE_BOS_ID if which == "bos" else BYTE_EOS_ID
+            raise self._spec_error(
+                f"add_{which}: true needs {which}_token (e.g. '<s>' or an id) with a "
+                "tokenizer.json"
+            )
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise self._spec_error(f"{which}_token must be a token string or an id; got {value!r}")
+        if isinstance(value, int):
+            return value
+        if self.is_bytes:
+            raise self._spec_error(
+                f"{which}_token must be an id with tokenizer: bytes; got {value!r}"
+            )
+        tid = tok.token_to_id(value)
+        if tid is None:
+            raise self._spec_error(
+                f"{which}_token {value!r} is not in the vocabulary of {self.tokenizer}"
+            )
+        return int(tid)
+
+    def vocab_size(self) -> int:
+        """Vocabulary size (loads the tokenizer.json if one is used)."""
+        if self.is_bytes:
+            return BYTE_VOCAB_SIZE
+        return int(load_hf_tokenizer(self.tokenizer).get_vocab_size(with_added_tokens=True))
+
+    def output_schema(self, schema: pa.Schema) -> pa.Schema:
+        self._require(schema, self.column, kinds=("string", "binary"))
+        tok = None if self.is_bytes else load_hf_tokenizer(self.tokenizer)
+        self._special(tok, "bos")
+        self._special(tok, "eos")
+        field = pa.field(self.output, pa.list_(pa.int32()))
+        if self.output in schema.names:
+            return schema.set(schema.get_field_index(self.output), field)
+        return schema.append(field)
+
+    def _utf8(self, arr: pa.Array) -> tuple[pa.Array, np.ndarray, np.ndarray]:
+        """(string array with bad rows nulled, bad mask, reasons)."""
+        n = len(arr)
+        bad = ~arr.is_valid().to_numpy(zero_copy_only=False) if arr.null_count else np.zeros(n, bool)
+        reasons = np.full(n, None, dtype=object)
+        reasons[bad] = f"Tokenize: column {self.column!r} is null"
+        if pa.types.is_binary(arr.type) or pa.types.is_large_binary(arr.type):
+            target = pa.large_string() if pa.types.is_large_binary(arr.type) else pa.string()
+            try:
+                arr = arr.cast(target)
+            except pa.ArrowInvalid:
+                from slicefeed.transforms._tabular import _failing_rows
+
+                not_utf8 = _failing_rows(arr, lambda a: a.cast(target))
+                reasons[not_utf8] = f"Tokenize: column {self.column!r} is not valid UTF-8"
+                bad |= not_utf8
+                arr = pc.if_else(pa.array(not_utf8), pa.nulls(n, arr.type), arr).cast(target)
+        return arr, bad, reasons
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        col = table.column(self.column)
+        arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+        arr, bad, reasons = self._utf8(arr)
+        valid = ~bad
+        if self.is_bytes:
+            values, offsets, _ = list_parts(arr)
+            values = values.astype(np.int32) + BYTE_OFFSET
+        else:
+            tok = load_hf_tokenizer(self.tokenizer)
+            texts = arr.to_pylist()
+            idx = np.flatnonzero(valid)
+            encs = tok.encode_batch(
+                [texts[i] for i in idx], add_special_tokens=self.add_special_tokens
+            )
+            lengths = np.zeros(len(arr), np.int64)
+            lengths[idx] = [len(e.ids) for e in encs]
+            offsets = np.concatenate([[0], np.cumsum(lengths)])
+            values = (
+                np.concatenate([np.asarray(e.ids, np.int32) for e in encs])
+                if encs
+                else np.zeros(0, np.int32)
+            )
+        tok = None if self.is_bytes else load_hf_tokenizer(self.tokenizer)
+        bos, eos = self._special(tok, "bos"), self._special(tok, "eos")
+        lengths = np.where(valid, np.diff(offsets), 0)
+        if not valid.all():
+            values = values[np.repeat(valid, np.diff(offsets))]
+            offsets = np.concatenate([[0], np.cumsum(lengths)])
+        values, offsets = _frame(values, offsets, bos=bos, eos=eos, max_length=self.max_length)
+        # Bad rows: null output (lengths there are BOS/EOS only; drop them).
+        if not valid.all():
+            lens = np.diff(offsets)
+            keep = np.repeat(valid, lens)
+            values = values[keep]
+            offsets = np.concatenate([[0], np.cumsum(np.where(valid, lens, 0))])
+        out = make_list(values, offsets, valid, pa.int32())
+        field = pa.field(self.output, out.type)
+        if self.output in table.column_names:
+            table = table.set_column(table.column_names.index(self.output), field, out)
+        else:
+            table = table.append_column(field, out)
+        return mark_errors(table, bad, reasons)
+
+
+@dataclasses.dataclass(frozen=True)
+class PadOrTruncate(Transform):
+    """Pads or truncates a list column to a fixed length.
+
+    Output: ``fixed_size_list<T>[length]`` (T the input's value type), plus
+    ``<output>_length`` (int32, number of real values kept) and, with
+    ``mask: true``, ``<output>_mask`` (``fixed_size_list<bool>[length]``).
+    A null list marks its row bad.
+
+    Args:
+        column: Input list column.
+        length: Output length.
+        pad_value: Value for padding.
+        output: Output column (default: replace ``column``).
+        side: ``"right"`` (pad/truncate at the end) or ``"left"``.
+        lengths: Add the ``_length`` column.
+        mask: Add the ``_mask`` column.
+    """
+
+    name: ClassVar[str] = "pad_or_truncate"
+    column: str
+    length: int
+    pad_value: int | float = 0
+    output: str | None = None
+    side: str = "right"
+    lengths: bool = True
+    mask: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.length, bool) or not isinstance(self.length, int) or self.length < 1:
+            raise self._spec_error(f"length must be a positive integer; got {self.length!r}")
+        if self.side not in ("right", "left"):
+            raise self._spec_error(f"side must be 'right' or 'left'; got {self.side!r}")
+
+    @property
+    def out(self) -> str:
+        return self.output or self.column
+
+    def _fields(self, value_type: pa.DataType) -> list[pa.Field]:
+        fs = [pa.field(self.out, pa.list_(value_type, self.length))]
+        if self.lengths:
+            fs.append(pa.field(f"{self.out}_length", pa.int32()))
+        if self.mask:
+            fs.append(pa.field(f"{self.out}_mask", pa.list_(pa.bool_(), self.length)))
+        return fs
+
+    def output_schema(self, schema: pa.Schema) -> pa.Schema:
+        t = self._require(schema, self.column, kinds=("list",))
+        if not (pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type)):
+            raise self._spec_error(
+                f"column {self.column!r} has type {t}; expected a list of numbers"
+            )
+        for f in self._fields(t.value_type):
+            if f.name in schema.names:
+                schema = schema.set(schema.get_field_index(f.name), f)
+            else:
+                schema = schema.append(f)
+        return schema
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        col = table.column(self.column)
+        value_type = col.type.value_type
+        values, offsets, valid = list_parts(col)
+        n, L = len(valid), self.length
+        lengths = np.diff(offsets)
+        keep = np.minimum(lengths, L)
+        np_type = value_type.to_pandas_dtype()
+        out = np.full(n * L, self.pad_value, dtype=np_type)
+        within = segment_arange(keep)
+        if self.side == "right":
+            src = np.repeat(offsets[:-1], keep) + within
+            dst = np.repeat(np.arange(n) * L, keep) + within
+        else:
+            src = np.repeat(offsets[1:] - keep, keep) + within
+            dst = np.repeat(np.arange(n) * L + (L - keep), keep) + within
+        out[dst] = values[src]
+        fields = self._fields(value_type)
+        arrays = [make_fixed(out, L, None, value_type)]
+        if self.lengths:
+            arrays.append(pa.array(keep.astype(np.int32)))
+        if self.mask:
+            m = np.zeros(n * L, dtype=bool)
+            m[dst] = True
+            arrays.append(make_fixed(m, L, None, pa.bool_()))
+        for f, a in zip(fields, arrays):
+            if f.name in table.column_names:
+                table = table.set_column(table.column_names.index(f.name), f, a)
+            else:
+                table = table.append_column(f, a)
+        return mark_errors(table, ~valid, f"PadOrTruncate: column {self.column!r} is null")
