@@ -520,6 +520,7 @@ def peek_schema(
     *,
     columns: Sequence[str] | None = None,
     provenance: bool = False,
+    mark_errors: bool = False,
     **fs_kwargs: Any,
 ) -> pa.Schema:
     """The schema a reader will produce, from the first file only, without Ray.
@@ -528,9 +529,14 @@ def peek_schema(
     column that first appears later is not seen); text is always ``text: string``.
     Used to check a pipeline's transforms before any Ray work starts.
 
+    With ``mark_errors`` (the pipeline's ``on_error: skip|quarantine``) bad
+    records do not stop the check: JSONL lines that are not JSON objects are
+    left out, and an unreadable file is passed over for the next one.
+
     Raises:
         FileNotFoundError: nothing at ``uri``.
-        CorruptFileError / BadRecordError: the first file cannot be parsed (named).
+        CorruptFileError / BadRecordError: the first file cannot be parsed (named);
+            with ``mark_errors``, no file can.
     """
     source = resolve_filesystem(uri, **fs_kwargs)
     suffixes = {
@@ -539,7 +545,43 @@ def peek_schema(
         "csv": (".csv", ".csv.gz", ".tsv"),
         "text": (),
     }[fmt]
-    first = expand_paths(source, suffixes=suffixes)[0]
+    files = expand_paths(source, suffixes=suffixes)
+    error: Exception | None = None
+    # Under mark_errors a bad file is skipped at run time, so look further.
+    for first in files[: 20 if mark_errors else 1]:
+        try:
+            schema = _peek_one(fmt, source, first, mark_errors=mark_errors)
+            break
+        except (CorruptFileError, BadRecordError) as e:
+            error = e
+    else:
+        assert error is not None
+        raise error
+    shown = source.to_uri(first)
+    if columns is not None:
+        missing = [c for c in columns if c not in schema.names]
+        if missing:
+            raise SpecError(
+                f"{shown}: column(s) {missing} not found; available: {', '.join(schema.names)}. "
+                "Fix `columns` in the source options."
+            )
+        schema = pa.schema([schema.field(c) for c in columns])
+    if provenance:
+        schema = schema.append(pa.field(PROVENANCE_FILE, pa.string())).append(
+            pa.field(PROVENANCE_ROW, pa.int64())
+        )
+    return schema
+
+
+def _is_json_object(line: bytes) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except (UnicodeDecodeError, ValueError):
+        return False
+
+
+def _peek_one(fmt: str, source: ResolvedPath, first: str, *, mark_errors: bool) -> pa.Schema:
+    """The schema of one file (see :func:`peek_schema`)."""
     shown = source.to_uri(first)
     if fmt == "text":
         schema = pa.schema([("text", pa.string())])
@@ -562,7 +604,15 @@ def peek_schema(
             if fmt == "jsonl":
                 import pyarrow.json as pajson
 
-                schema = pajson.read_json(io.BytesIO(head)).schema
+                try:
+                    schema = pajson.read_json(io.BytesIO(head)).schema
+                except pa.ArrowInvalid:
+                    if not mark_errors:
+                        raise
+                    good = [ln for ln in head.split(b"\n") if _is_json_object(ln)]
+                    if not good:
+                        raise
+                    schema = pajson.read_json(io.BytesIO(b"\n".join(good))).schema
             else:
                 import pyarrow.csv as pacsv
 
@@ -571,16 +621,4 @@ def peek_schema(
             if fmt == "jsonl":
                 raise _locate_bad_json_line(head, shown, e) from None
             raise BadRecordError(f"{shown}: cannot be parsed as CSV ({e}). {_FIX_HINT}") from None
-    if columns is not None:
-        missing = [c for c in columns if c not in schema.names]
-        if missing:
-            raise SpecError(
-                f"{shown}: column(s) {missing} not found; available: {', '.join(schema.names)}. "
-                "Fix `columns` in the source options."
-            )
-        schema = pa.schema([schema.field(c) for c in columns])
-    if provenance:
-        schema = schema.append(pa.field(PROVENANCE_FILE, pa.string())).append(
-            pa.field(PROVENANCE_ROW, pa.int64())
-        )
     return schema

@@ -300,7 +300,8 @@ class Pipeline:
             return schema.append(pa.field(PROVENANCE_FILE, pa.string())).append(
                 pa.field(PROVENANCE_ROW, pa.int64()))
         return peek_schema(src["format"], src["uri"], columns=opts.get("columns"),
-                           provenance=True, **self._storage(src))
+                           provenance=True, mark_errors=self.spec["on_error"] != "fail",
+                           **self._storage(src))
 
     def check(self) -> pa.Schema:
         """Checks the transforms against the source schema; returns the output schema.

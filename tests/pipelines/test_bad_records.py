@@ -229,3 +229,22 @@ def test_null_required_and_undecodable_images(ray_cluster, local_dir, policy):
         recs = _quarantined(f"{local_dir}/out")
         assert sorted((r["_sf_row"], r["transform"]) for r in recs) == [
             (1, "tokenize"), (2, "decode_image"), (4, "decode_image")]
+
+
+@pytest.mark.parametrize("policy", ["skip", "quarantine"])
+def test_bad_first_file_does_not_stop_the_schema_check(local_dir, policy):
+    """Under skip/quarantine the up-front schema check passes over bad records too."""
+    _put(f"{local_dir}/raw/a.jsonl", b'[1]\n{"id": 1, "score": "2"}\n')
+    _put(f"{local_dir}/raw/b.parquet", b"garbage")
+    p = Pipeline(_spec(local_dir, {"source": {"format": "jsonl", "uri": f"{local_dir}/raw"},
+                                   "transforms": [{"cast": {"columns": {"score": "int32"}}}]},
+                       on_error=policy))
+    assert p.check().field("score").type == pa.int32()
+    with pytest.raises(Exception, match=r"a\.jsonl: line 1 \(row 0\) is a JSON list"):
+        Pipeline(_spec(local_dir, {"source": {"format": "jsonl", "uri": f"{local_dir}/raw"},
+                                   "transforms": []}, on_error="fail")).check()
+    _put(f"{local_dir}/pq/a.parquet", b"garbage")
+    _put(f"{local_dir}/pq/b.parquet", _parquet_bytes(pa.table({"id": [1]})))
+    spec = _spec(local_dir, {"source": {"format": "parquet", "uri": f"{local_dir}/pq"},
+                             "transforms": []}, on_error=policy)
+    assert Pipeline(spec).check().names == ["id"]
