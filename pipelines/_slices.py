@@ -256,6 +256,7 @@ def add_parser(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentPar
         help="Ray cluster address (host:port of the GCS); default: $RAY_ADDRESS, then 'auto'",
     )
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show full tracebacks")
     parser.add_argument(
         "--fail-on-incomplete",
         action="store_true",

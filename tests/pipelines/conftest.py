@@ -101,8 +101,12 @@ def pytest_configure(config):
 
 
 @pytest.fixture(scope="session")
-def slice_cluster():
-    """Head + CPU node + full v6e 4x4 slice + incomplete 3-host slice, on loopback."""
+def slice_cluster(gcs):
+    """Head + CPU node + full v6e 4x4 slice + incomplete 3-host slice, on loopback.
+
+    Depends on ``gcs`` so that every node (and so every Ray worker) inherits
+    ``STORAGE_EMULATOR_HOST``.
+    """
     cluster = SimulatedCluster()
     try:
         cluster.start_head(num_cpus=0)

@@ -12,8 +12,8 @@ from slicefeed.pipelines._slices import SliceInfo, format_table, list_slices
 
 pytestmark = pytest.mark.slice
 
-# The command as a module: works whether or not `slices` is wired into `slicefeed`.
-SLICES = [sys.executable, "-m", "slicefeed.pipelines._slices"]
+# `slicefeed slices` through the real CLI entry point (independent of PATH).
+SLICES = [sys.executable, "-m", "slicefeed.pipelines._cli", "slices"]
 
 
 def _run(cluster, *args, timeout=120):
