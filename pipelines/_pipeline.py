@@ -163,9 +163,14 @@ class _Stage:
             table, bad = split_errors(t(table))
             if bad.num_rows:
                 self._handle_bad(bad, t, delta)
-            delta[f"filtered:{t.name}"] = delta.get(f"filtered:{t.name}", 0) + (
-                n_in - table.num_rows - bad.num_rows
-            )
+            if getattr(t, "reshapes_rows", False):
+                # Packing merges and splits rows: what goes in is not "filtered".
+                for k, v in (("in", n_in - bad.num_rows), ("out", table.num_rows)):
+                    delta[f"reshaped:{t.name}:{k}"] = delta.get(f"reshaped:{t.name}:{k}", 0) + v
+            else:
+                delta[f"filtered:{t.name}"] = delta.get(f"filtered:{t.name}", 0) + (
+                    n_in - table.num_rows - bad.num_rows
+                )
         if self.counters is not None and delta:
             ray.get(self.counters.add.remote(delta, key))
         return table
@@ -197,7 +202,11 @@ class _Stage:
 class RunReport:
     """What a run read, wrote and dropped, and how fast.
 
-    ``rows_read == rows_written + rows_filtered + rows_skipped + rows_quarantined``.
+    ``rows_read == rows_written + rows_filtered + rows_skipped + rows_quarantined``
+    when no transform reshapes rows. With packing (``reshaped``), rows before
+    and after it are different units: ``rows_read`` equals the rows filtered,
+    skipped or quarantined before it plus its ``rows_in``, and its ``rows_out``
+    equals ``rows_written`` plus what was removed after it.
     """
 
     name: str
@@ -215,6 +224,10 @@ class RunReport:
     rows_per_s: float
     filtered_by: dict[str, int] = dataclasses.field(default_factory=dict)
     fit_stats: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: Row-reshaping transforms (packing): rows in and rows out of each.
+    reshaped: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    #: Mixtures only: rows taken from each source, its weight and realised fraction.
+    sources: dict[str, Any] = dataclasses.field(default_factory=dict)
     ray_stats: str = ""
     versions: dict[str, str] = dataclasses.field(default_factory=_versions)
     run_id: str = ""
@@ -228,6 +241,8 @@ class RunReport:
             return (f"{self.name}: {self.sink} is already committed with this pipeline's "
                     f"fingerprint ({self.rows_written} rows); nothing to do.")
         dropped = []
+        for tname, r in self.reshaped.items():
+            dropped.append(f"{tname} turned {r.get('rows_in', 0)} rows into {r.get('rows_out', 0)}")
         if self.rows_filtered:
             dropped.append(f"{self.rows_filtered} filtered")
         if self.rows_skipped:
@@ -261,6 +276,8 @@ class Pipeline:
         from slicefeed.transforms import transform_from_spec
 
         seed = int(self.spec["seed"])
+        #: Rows taken from each source of a mixture (``sources:``), once built.
+        self.mixture_counts: dict[str, int] = {}
         self.transforms = [transform_from_spec(item).with_seed(seed) for item in self.spec["transforms"]]
 
     @property
@@ -272,6 +289,14 @@ class Pipeline:
         return fingerprint(self.spec)
 
     # -- sources --------------------------------------------------------------
+
+    def _mixture_report(self) -> dict[str, Any]:
+        if not self.mixture_counts:
+            return {}
+        from slicefeed.pipelines._mixture import mixture_report
+
+        return mixture_report(self.mixture_counts,
+                              [float(s.get("weight", 1.0)) for s in self._sources()])
 
     def _sources(self) -> list[dict[str, Any]]:
         return [self.spec["source"]] if "source" in self.spec else list(self.spec["sources"])
@@ -325,7 +350,14 @@ class Pipeline:
         if len(srcs) == 1:
             ds = self._read_source(srcs[0])
         else:
-            raise SpecError(f"{self.source_name}: `sources` (mixtures) are not supported yet.")
+            from slicefeed.pipelines._mixture import interleave
+
+            names = [str(s.get("name", i)) for i, s in enumerate(srcs)]
+            ds, self.mixture_counts = interleave(
+                {n: self._read_source(s) for n, s in zip(names, srcs)},
+                [float(s.get("weight", 1.0)) for s in srcs],
+                seed=int(self.spec["seed"]),
+            )
         on_error = self.spec["on_error"]
         ds = ds.map_batches(
             _Stage([], on_error=on_error, counters=counters, quarantine=quarantine,
@@ -455,16 +487,28 @@ class Pipeline:
         ray.kill(counters)
         skipped, quarantined = c.get("rows_skipped", 0), c.get("rows_quarantined", 0)
         filtered_by = {k.split(":", 1)[1]: v for k, v in c.items() if k.startswith("filtered:") and v}
+        reshaped: dict[str, dict[str, int]] = {}
+        for k, v in c.items():
+            if k.startswith("reshaped:"):
+                _, tname, io = k.split(":")
+                reshaped.setdefault(tname, {})[f"rows_{io}"] = v
         read = c.get("rows_read", 0)
         report = RunReport(
             name=self.name, status="committed", sink=target.uri, fingerprint=fp,
             rows_read=read, rows_written=manifest.num_rows,
             # Rows removed by dataset-level ops (deduplicate) are not seen by the
             # stages, so "filtered" is what is left once the rest is accounted for.
-            rows_filtered=read - manifest.num_rows - skipped - quarantined,
+            rows_filtered=(
+                read - manifest.num_rows - skipped - quarantined if not reshaped
+                # With packing, rows before and after it are different units:
+                # count what each transform removed instead.
+                else sum(filtered_by.values())
+            ),
+            reshaped=reshaped,
             rows_skipped=skipped, rows_quarantined=quarantined,
             files=len(manifest.files), bytes_written=manifest.num_bytes, wall_s=wall,
             rows_per_s=read / wall if wall > 0 else 0.0, filtered_by=filtered_by,
+            sources=self._mixture_report(),
             fit_stats=fit_stats, ray_stats=_ray_stats(ds),
             run_id=manifest.metadata.get("run_id", ""),
         )

@@ -4,7 +4,8 @@ A spec::
 
     name: text-demo                 # required
     seed: 0                         # randomness of seeded transforms
-    source:                         # required (or `sources:` for a mixture)
+    source:                         # required (or `sources:`, a weighted mixture:
+                                    #   [{name, format, uri, weight}, ...])
       format: jsonl                 # parquet | jsonl | csv | text | dataset
       uri: gs://bucket/raw/*.jsonl
       options: {columns: [text]}    # reader options
@@ -70,6 +71,7 @@ _SOURCE = {
         "uri": {"type": "string", "minLength": 1},
         "options": {"type": "object"},
         "weight": {"type": "number", "exclusiveMinimum": 0},
+        "name": {"type": "string", "minLength": 1},
         "storage": {"type": "object", "additionalProperties": False, "properties": _STORAGE},
     },
 }
