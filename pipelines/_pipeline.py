@@ -229,6 +229,9 @@ class RunReport:
     #: Mixtures only: rows taken from each source, its weight and realised fraction.
     sources: dict[str, Any] = dataclasses.field(default_factory=dict)
     ray_stats: str = ""
+    #: Per source: uri, format, files, bytes (input size), rows_read.
+    sources: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    bytes_read: int = 0
     versions: dict[str, str] = dataclasses.field(default_factory=_versions)
     run_id: str = ""
 
@@ -327,6 +330,26 @@ class Pipeline:
         return peek_schema(src["format"], src["uri"], columns=opts.get("columns"),
                            provenance=True, mark_errors=self.spec["on_error"] != "fail",
                            **self._storage(src))
+
+    def _source_sizes(self) -> list[dict[str, Any]]:
+        """uri, format, file count and input bytes of each source (for the report)."""
+        from slicefeed.connectors import expand_paths
+
+        out = []
+        for src in self._sources():
+            entry: dict[str, Any] = {"uri": src["uri"], "format": src["format"], "files": 0, "bytes": 0}
+            try:
+                if src["format"] == "dataset":
+                    m = read_manifest(src["uri"], **self._storage(src))
+                    entry.update(files=len(m.files), bytes=m.num_bytes)
+                else:
+                    r = resolve_filesystem(src["uri"], **self._storage(src))
+                    paths = expand_paths(r)
+                    entry.update(files=len(paths), bytes=int(sum(r.fs.size(p) or 0 for p in paths)))
+            except (OSError, ValueError):  # informative only
+                pass
+            out.append(entry)
+        return out
 
     def check(self) -> pa.Schema:
         """Checks the transforms against the source schema; returns the output schema.
@@ -462,6 +485,10 @@ class Pipeline:
         fitted = self._fitted()
         counters = _Counters.remote()
         quarantine = target.join(QUARANTINE_DIR) if self.spec["on_error"] == "quarantine" else None
+        # What a crashed or replaced run left beside the data must not be
+        # mistaken for this run's: its quarantine and its report go first.
+        _remove(target.join(QUARANTINE_DIR), recursive=True)
+        _remove(target.join(REPORT_NAME))
         ds = self.dataset(_counters=counters, _quarantine=quarantine, _fitted=fitted)
         fit_stats = {f"{i}:{t.name}": t.stats() for i, t in enumerate(fitted) if t.stats()}
         max_frac = float(self.spec["max_error_fraction"])
@@ -485,6 +512,9 @@ class Pipeline:
         wall = time.perf_counter() - t0
         c = ray.get(counters.get.remote())
         ray.kill(counters)
+        sources = self._source_sizes()
+        if len(sources) == 1:
+            sources[0]["rows_read"] = c.get("rows_read", 0)
         skipped, quarantined = c.get("rows_skipped", 0), c.get("rows_quarantined", 0)
         filtered_by = {k.split(":", 1)[1]: v for k, v in c.items() if k.startswith("filtered:") and v}
         reshaped: dict[str, dict[str, int]] = {}
@@ -510,11 +540,20 @@ class Pipeline:
             rows_per_s=read / wall if wall > 0 else 0.0, filtered_by=filtered_by,
             sources=self._mixture_report(),
             fit_stats=fit_stats, ray_stats=_ray_stats(ds),
+            sources=sources, bytes_read=sum(src["bytes"] for src in sources),
             run_id=manifest.metadata.get("run_id", ""),
         )
         out = target.join(REPORT_NAME)
         out.fs.pipe_file(out.path, json.dumps(report.to_dict(), indent=2, default=str).encode())
         return report
+
+
+def _remove(path: Any, *, recursive: bool = False) -> None:
+    try:
+        if path.fs.exists(path.path):
+            path.fs.rm(path.path, recursive=recursive)
+    except FileNotFoundError:
+        pass
 
 
 def _ray_stats(ds: ray.data.Dataset) -> str:

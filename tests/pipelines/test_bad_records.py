@@ -130,6 +130,13 @@ def _assert_adds_up(report, corpus) -> None:
         "rows_read": report.rows_read, "rows_written": report.rows_written,
         "rows_skipped": report.rows_skipped, "rows_quarantined": report.rows_quarantined,
         "rows_filtered": report.rows_filtered}
+    # Per source: files and input bytes; rows read is the same count.
+    (src,) = doc["sources"]
+    assert src["rows_read"] == report.rows_read
+    raw = resolve_filesystem(src["uri"])
+    assert src["bytes"] == doc["bytes_read"] == sum(raw.fs.size(p) for p in raw.fs.find(raw.path))
+    assert src["files"] == len(raw.fs.find(raw.path))
+    assert doc["fingerprint"] and doc["versions"]["ray"] and doc["wall_s"] > 0
 
 
 @pytest.mark.parametrize("kind", sorted(CORPORA))
@@ -248,3 +255,13 @@ def test_bad_first_file_does_not_stop_the_schema_check(local_dir, policy):
     spec = _spec(local_dir, {"source": {"format": "parquet", "uri": f"{local_dir}/pq"},
                              "transforms": []}, on_error=policy)
     assert Pipeline(spec).check().names == ["id"]
+
+
+def test_replaced_run_leaves_no_stale_quarantine(ray_cluster, local_dir):
+    corpus = _text_corpus(local_dir)
+    Pipeline(_spec(local_dir, corpus, on_error="quarantine")).run()
+    assert len(_quarantined(f"{local_dir}/out")) == 1
+    # Another pipeline (other policy, other fingerprint) replaces the dataset.
+    r = Pipeline(_spec(local_dir, corpus, on_error="skip")).run(overwrite=True)
+    assert r.rows_skipped == 1
+    assert _quarantined(f"{local_dir}/out") == []

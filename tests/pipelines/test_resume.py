@@ -103,6 +103,7 @@ def _shards(uri: str) -> list[str]:
     return sorted(n for n in os.listdir(uri) if n.startswith("part-")) if os.path.isdir(uri) else []
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_sigkill_mid_write_then_rerun_commits_identical_dataset(ray_cluster, tmp_path):
     marker = str(tmp_path / "stalled")
