@@ -226,10 +226,9 @@ class RunReport:
     fit_stats: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: Row-reshaping transforms (packing): rows in and rows out of each.
     reshaped: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
-    #: Mixtures only: rows taken from each source, its weight and realised fraction.
-    sources: dict[str, Any] = dataclasses.field(default_factory=dict)
     ray_stats: str = ""
-    #: Per source: uri, format, files, bytes (input size), rows_read.
+    #: Per source: uri, format, files, bytes (input size), rows_read; for a
+    #: mixture also name, rows (taken), weight and realised fraction.
     sources: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     bytes_read: int = 0
     versions: dict[str, str] = dataclasses.field(default_factory=_versions)
@@ -515,6 +514,11 @@ class Pipeline:
         sources = self._source_sizes()
         if len(sources) == 1:
             sources[0]["rows_read"] = c.get("rows_read", 0)
+        mixture = self._mixture_report()
+        for i, (src, spec_src) in enumerate(zip(sources, self._sources())):
+            name = str(spec_src.get("name", i))
+            if name in mixture:
+                src.update(name=name, **mixture[name])
         skipped, quarantined = c.get("rows_skipped", 0), c.get("rows_quarantined", 0)
         filtered_by = {k.split(":", 1)[1]: v for k, v in c.items() if k.startswith("filtered:") and v}
         reshaped: dict[str, dict[str, int]] = {}
@@ -538,7 +542,6 @@ class Pipeline:
             rows_skipped=skipped, rows_quarantined=quarantined,
             files=len(manifest.files), bytes_written=manifest.num_bytes, wall_s=wall,
             rows_per_s=read / wall if wall > 0 else 0.0, filtered_by=filtered_by,
-            sources=self._mixture_report(),
             fit_stats=fit_stats, ray_stats=_ray_stats(ds),
             sources=sources, bytes_read=sum(src["bytes"] for src in sources),
             run_id=manifest.metadata.get("run_id", ""),
