@@ -62,17 +62,43 @@ def _versions() -> dict[str, str]:
 
 @ray.remote(num_cpus=0)
 class _Counters:
-    """Row counts reported by the transform stages of one run."""
+    """Row counts reported by the transform stages of one run.
+
+    Each report carries a key naming the batch (stage + the provenance of its
+    rows); a key seen before is ignored, so a batch that Ray re-executes after
+    a worker died is not counted twice.
+    """
 
     def __init__(self) -> None:
         self.counts: dict[str, int] = {}
+        self.seen: set[str] = set()
 
-    def add(self, delta: dict[str, int]) -> None:
+    def add(self, delta: dict[str, int], key: str | None = None) -> None:
+        if key is not None:
+            if key in self.seen:
+                return
+            self.seen.add(key)
         for k, v in delta.items():
             self.counts[k] = self.counts.get(k, 0) + v
 
     def get(self) -> dict[str, int]:
         return dict(self.counts)
+
+
+def _batch_key(stage: str, table: pa.Table) -> str | None:
+    """Identity of a batch: its stage and the provenance of its rows (vectorised)."""
+    import hashlib
+
+    if PROVENANCE_ROW not in table.column_names or PROVENANCE_FILE not in table.column_names:
+        return None
+    h = hashlib.sha1(stage.encode())
+    files = table.column(PROVENANCE_FILE).combine_chunks()
+    rows = table.column(PROVENANCE_ROW).combine_chunks()
+    h.update(rows.fill_null(-1).to_numpy(zero_copy_only=False).tobytes())
+    enc = files.dictionary_encode()
+    h.update(enc.indices.to_numpy(zero_copy_only=False).tobytes())
+    h.update("\0".join(enc.dictionary.to_pylist()).encode())
+    return h.hexdigest()
 
 
 class _Stage:
@@ -82,7 +108,9 @@ class _Stage:
     ``_sf_error``) are removed right after the transform that marked them:
     ``fail`` raises :class:`BadRecordError` naming file and row; ``skip``
     counts them; ``quarantine`` also writes them, with their provenance and
-    reason, under ``<sink>/_quarantine/``.
+    reason, under ``<sink>/_quarantine/``. The first stage
+    (``count_input``) does the same for records the reader could not decode
+    (``on_error: skip|quarantine`` reads with ``mark_errors=True``).
     """
 
     def __init__(
@@ -93,48 +121,72 @@ class _Stage:
         counters: Any = None,
         quarantine: Any = None,
         count_input: bool = False,
+        stage_id: str = "",
     ):
         self.transforms = list(transforms)
         self.on_error = on_error
         self.counters = counters
         self.quarantine = quarantine  # ResolvedPath of <sink>/_quarantine or None
         self.count_input = count_input
+        self.stage_id = stage_id or ("read" if count_input else "+".join(t.name for t in self.transforms))
+
+    def _handle_bad(self, bad: pa.Table, what: Any, delta: dict[str, int]) -> None:
+        from slicefeed.transforms import bad_record_error
+
+        if self.on_error == "fail":
+            raise bad_record_error(bad, what)
+        key = "rows_quarantined" if self.on_error == "quarantine" else "rows_skipped"
+        delta[key] = delta.get(key, 0) + bad.num_rows
+        if self.on_error == "quarantine" and self.quarantine is not None:
+            self._quarantine(bad, what if isinstance(what, str) else what.name)
 
     def __call__(self, table: pa.Table) -> pa.Table:
-        from slicefeed.transforms import bad_record_error, split_errors
+        from slicefeed.connectors._readers import RAW_COLUMN
+        from slicefeed.transforms import split_errors
 
+        key = _batch_key(self.stage_id, table) if self.counters is not None else None
         delta: dict[str, int] = {}
         if self.count_input:
             delta["rows_read"] = table.num_rows
+            # Records the reader could not decode (mark_errors=True).
+            table, bad = split_errors(table)
+            if bad.num_rows:
+                self._handle_bad(bad, "read", delta)
+            if RAW_COLUMN in table.column_names:
+                table = table.drop_columns([RAW_COLUMN])
         for i, t in enumerate(self.transforms):
+            if table.num_rows == 0:
+                # A batch emptied by bad records may lack the data columns
+                # (an unreadable file has none); transforms need them.
+                break
             n_in = table.num_rows
             table, bad = split_errors(t(table))
             if bad.num_rows:
-                if self.on_error == "fail":
-                    raise bad_record_error(bad, t)
-                key = "rows_quarantined" if self.on_error == "quarantine" else "rows_skipped"
-                delta[key] = delta.get(key, 0) + bad.num_rows
-                if self.on_error == "quarantine" and self.quarantine is not None:
-                    self._quarantine(bad, t)
+                self._handle_bad(bad, t, delta)
             delta[f"filtered:{t.name}"] = delta.get(f"filtered:{t.name}", 0) + (
                 n_in - table.num_rows - bad.num_rows
             )
         if self.counters is not None and delta:
-            ray.get(self.counters.add.remote(delta))
+            ray.get(self.counters.add.remote(delta, key))
         return table
 
-    def _quarantine(self, bad: pa.Table, transform: Any) -> None:
+    def _quarantine(self, bad: pa.Table, what: str) -> None:
         import hashlib
 
         import pyarrow.parquet as pq
 
         from slicefeed.transforms import ERROR_COLUMN
 
-        keep = [c for c in (PROVENANCE_FILE, PROVENANCE_ROW, ERROR_COLUMN) if c in bad.column_names]
-        rec = bad.select(keep).append_column("transform", pa.array([transform.name] * bad.num_rows))
+        from slicefeed.connectors._readers import RAW_COLUMN
+
+        # Provenance and reason; for a record the reader could not decode,
+        # also its raw bytes.
+        keep = [c for c in (PROVENANCE_FILE, PROVENANCE_ROW, ERROR_COLUMN, RAW_COLUMN)
+                if c in bad.column_names]
+        rec = bad.select(keep).append_column("transform", pa.array([what] * bad.num_rows, pa.string()))
         # Named by content, so a rerun overwrites rather than duplicates.
         key = hashlib.sha256(repr(rec.select(keep[:2]).to_pydict()).encode()).hexdigest()[:16]
-        out = self.quarantine.join(f"{transform.name}-{key}.parquet")
+        out = self.quarantine.join(f"{what}-{key}.parquet")
         sink = pa.BufferOutputStream()
         pq.write_table(rec, sink)
         out.fs.makedirs(self.quarantine.path, exist_ok=True)
@@ -232,7 +284,10 @@ class Pipeline:
         opts = dict(src.get("options") or {})
         if src["format"] == "dataset":
             return read_dataset(src["uri"], provenance=True, **opts, **self._storage(src))
-        return _READERS[src["format"]](src["uri"], provenance=True, **opts, **self._storage(src))
+        return _READERS[src["format"]](
+            src["uri"], provenance=True, mark_errors=self.spec["on_error"] != "fail",
+            **opts, **self._storage(src),
+        )
 
     def source_schema(self) -> pa.Schema:
         """Schema of the (first) source, read from one file's metadata, without Ray."""
@@ -245,7 +300,8 @@ class Pipeline:
             return schema.append(pa.field(PROVENANCE_FILE, pa.string())).append(
                 pa.field(PROVENANCE_ROW, pa.int64()))
         return peek_schema(src["format"], src["uri"], columns=opts.get("columns"),
-                           provenance=True, **self._storage(src))
+                           provenance=True, mark_errors=self.spec["on_error"] != "fail",
+                           **self._storage(src))
 
     def check(self) -> pa.Schema:
         """Checks the transforms against the source schema; returns the output schema.
@@ -272,15 +328,19 @@ class Pipeline:
             raise SpecError(f"{self.source_name}: `sources` (mixtures) are not supported yet.")
         on_error = self.spec["on_error"]
         ds = ds.map_batches(
-            _Stage([], on_error=on_error, counters=counters, count_input=True),
+            _Stage([], on_error=on_error, counters=counters, quarantine=quarantine,
+                   count_input=True),
             batch_format="pyarrow", zero_copy_batch=True,
         )
         group: list[Any] = []
+        n_stages = [0]
 
         def flush(ds: ray.data.Dataset) -> ray.data.Dataset:
             if group:
+                n_stages[0] += 1
                 ds = ds.map_batches(
-                    _Stage(list(group), on_error=on_error, counters=counters, quarantine=quarantine),
+                    _Stage(list(group), on_error=on_error, counters=counters, quarantine=quarantine,
+                           stage_id=f"{n_stages[0]}:" + "+".join(t.name for t in group)),
                     batch_format="pyarrow", zero_copy_batch=True,
                 )
                 group.clear()
@@ -321,6 +381,11 @@ class Pipeline:
             ds = ds.map_batches(_drop_provenance, batch_format="pyarrow", zero_copy_batch=True)
         # Same input, seed and plan -> the same rows in the same order (DESIGN.md #3).
         ds.context.execution_options.preserve_order = True
+        placement = (self.spec.get("placement") or {}).get("preprocess_on")
+        if placement:
+            from slicefeed.pipelines._placement import apply_placement
+
+            apply_placement(ds.context, placement)
         return ds
 
     # -- batch run -------------------------------------------------------------------

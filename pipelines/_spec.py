@@ -17,6 +17,8 @@ A spec::
       options: {compression: zstd}
     on_error: fail                  # fail | skip | quarantine
     max_error_fraction: 0.0
+    placement:
+      preprocess_on: any            # any | cpu_only (keep Ray Data off TPU hosts)
 
 The structure is checked with JSON Schema (the ``jsonschema`` library);
 errors are rewritten to name the key path, what was found and the allowed
@@ -99,7 +101,11 @@ SCHEMA: dict[str, Any] = {
         },
         "on_error": {"enum": list(ON_ERROR)},
         "max_error_fraction": {"type": "number", "minimum": 0, "maximum": 1},
-        "placement": {"type": "object"},
+        "placement": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {"preprocess_on": {"enum": ["cpu_only", "any"]}},
+        },
     },
 }
 

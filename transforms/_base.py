@@ -72,6 +72,9 @@ class Transform:
     needs_fit: ClassVar[bool] = False
     #: Whether the transform is a dataset-level operation (see :meth:`dataset_op`).
     is_dataset_op: ClassVar[bool] = False
+    #: Whether output rows are not input rows (PackSequences merges and splits
+    #: rows): the runner must not count ``rows_in - rows_out`` as filtered.
+    reshapes_rows: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -196,12 +196,15 @@ class DecodeImage(_ImageTransform):
         column: Input column (binary or string paths).
         output: Output column (default: replace ``column``).
         mode: Pillow mode to convert to: ``RGB`` (3 channels), ``L`` (1), ``RGBA`` (4).
+        root: Directory or URI prefix that relative paths are resolved against
+            (``gs://bucket/images``); absolute paths and URIs are used as is.
     """
 
     name: ClassVar[str] = "decode_image"
     column: str = "image"
     output: str | None = None
     mode: str = "RGB"
+    root: str | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -225,7 +228,7 @@ class DecodeImage(_ImageTransform):
                 images.append(None)
                 continue
             try:
-                data = _fetch(item) if is_path else item
+                data = _fetch(_join(self.root, item)) if is_path else item
                 with Image.open(io.BytesIO(data)) as img:
                     arr = np.asarray(img.convert(self.mode))
                 if arr.ndim == 2:
@@ -243,6 +246,12 @@ class DecodeImage(_ImageTransform):
         out = write_variable(images, MODES[self.mode])
         table = _set(table, self.out, out)
         return mark_errors(table, reasons != None, reasons)  # noqa: E711
+
+
+def _join(root: str | None, path: str) -> str:
+    if root is None or "://" in path or path.startswith("/"):
+        return path
+    return root.rstrip("/") + "/" + path
 
 
 def _fetch(uri: str) -> bytes:
@@ -388,6 +397,16 @@ def _crop(
     return mark_errors(table, bad, reasons)
 
 
+def _crop_schema(t: Any, schema: pa.Schema) -> pa.Schema:
+    _, hw, c, _ = t._layout(schema)
+    if hw is not None and (hw[0] < t.height or hw[1] < t.width):
+        raise t._spec_error(
+            f"column {t.column!r} holds {hw[0]}x{hw[1]} images, smaller than the crop "
+            f"{t.height}x{t.width}"
+        )
+    return _set_schema(schema, pa.field(t.column, fixed_type(t.height, t.width, c)))
+
+
 @dataclasses.dataclass(frozen=True)
 class CenterCrop(_ImageTransform):
     """Crops the centre ``height x width`` (output: fixed layout).
@@ -404,13 +423,7 @@ class CenterCrop(_ImageTransform):
         _pos_int(self, height=self.height, width=self.width)
 
     def output_schema(self, schema: pa.Schema) -> pa.Schema:
-        _, hw, c, _ = self._layout(schema)
-        if hw is not None and (hw[0] < self.height or hw[1] < self.width):
-            raise self._spec_error(
-                f"column {self.column!r} holds {hw[0]}x{hw[1]} images, smaller than the crop "
-                f"{self.height}x{self.width}"
-            )
-        return _set_schema(schema, pa.field(self.column, fixed_type(self.height, self.width, c)))
+        return _crop_schema(self, schema)
 
     def __call__(self, table: pa.Table) -> pa.Table:
         return _crop(table, self, self.height, self.width, None, None)
@@ -437,7 +450,7 @@ class RandomCrop(_ImageTransform):
         return seeded_copy(self, seed)
 
     def output_schema(self, schema: pa.Schema) -> pa.Schema:
-        out = CenterCrop(self.column, self.height, self.width).output_schema(schema)
+        out = _crop_schema(self, schema)
         _require_identity(self, schema)
         return out
 

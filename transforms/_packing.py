@@ -130,6 +130,7 @@ class PackSequences(Transform):
     """
 
     name: ClassVar[str] = "pack_sequences"
+    reshapes_rows: ClassVar[bool] = True
     column: str = "tokens"
     seq_len: int = 2048
     strategy: str = "first_fit"

@@ -701,29 +701,40 @@ class Vocabulary(Transform):
         return schema.append(f)
 
     def fit(self, ds: "ray.data.Dataset") -> "Vocabulary":
-        col = self.column
-        values = ds.select_columns([col])
-        t = values.schema().base_schema.field(col).type
-        if _list_like(t):
-            values = values.map_batches(
-                lambda b: pa.table({col: pc.list_flatten(b.column(col))}), batch_format="pyarrow"
-            )
-        import ray
+        """Counts values over all of ``ds`` and keeps the top ``top_k``.
 
-        refs = values.groupby(col).count().to_arrow_refs()
-        tables = [tb for tb in ray.get(refs) if tb.num_rows]
-        if not tables:
+        Each Ray task counts the values of its blocks (``pyarrow`` group-by,
+        flattening list columns); the driver merges the partial counts as they
+        stream in, so its memory is bounded by the number of distinct values,
+        not rows. (A Ray ``groupby().count()`` shuffle gives the same result
+        but took ~4x longer on the CI machine for small vocabularies.)
+        """
+        col = self.column
+
+        def partial(batch: pa.Table) -> pa.Table:
+            c = batch.column(col)
+            if _list_like(c.type):
+                c = pc.list_flatten(c)
+            t = pa.table({"v": c}).filter(pc.is_valid(c))
+            g = t.group_by("v", use_threads=False).aggregate([([], "count_all")])
+            return g.select(["v", "count_all"]).rename_columns(["v", "n"])
+
+        merged: pa.Table | None = None
+        pending: list[pa.Table] = []
+        parts = ds.select_columns([col]).map_batches(partial, batch_format="pyarrow", batch_size=None)
+        for b in parts.iter_batches(batch_format="pyarrow", batch_size=None):
+            pending.append(b)
+            if sum(p.num_rows for p in pending) > 1_000_000:
+                merged = _merge_counts([merged, *pending])
+                pending = []
+        merged = _merge_counts([merged, *pending])
+        if merged is None or merged.num_rows == 0:
             return dataclasses.replace(self, vocab=())
-        tbl = pa.concat_tables(tables)
-        count_col = [c for c in tbl.column_names if c != col][0]
-        tbl = tbl.filter(pc.is_valid(tbl.column(col)))
-        tbl = tbl.filter(pc.greater_equal(tbl.column(count_col), self.min_count))
-        tbl = tbl.sort_by([(count_col, "descending"), (col, "ascending")])
+        tbl = merged.filter(pc.greater_equal(merged.column("n"), self.min_count))
+        tbl = tbl.sort_by([("n", "descending"), ("v", "ascending")])
         if self.top_k is not None:
             tbl = tbl.slice(0, self.top_k)
-        fitted = dataclasses.replace(self, vocab=tuple(tbl.column(col).to_pylist()))
-        object.__setattr__(fitted, "_counts", tuple(tbl.column(count_col).to_pylist()))
-        return fitted
+        return dataclasses.replace(self, vocab=tuple(tbl.column("v").to_pylist()))
 
     def stats(self) -> dict[str, Any]:
         if not self.is_fitted:
@@ -756,6 +767,15 @@ class Vocabulary(Transform):
         if name in table.column_names:
             return table.set_column(table.column_names.index(name), f, out)
         return table.append_column(f, out)
+
+
+def _merge_counts(tables: list[pa.Table | None]) -> pa.Table | None:
+    ts = [t for t in tables if t is not None and t.num_rows]
+    if not ts:
+        return None
+    t = pa.concat_tables(ts, promote_options="permissive")
+    g = t.group_by("v", use_threads=False).aggregate([("n", "sum")])
+    return g.select(["v", "n_sum"]).rename_columns(["v", "n"])
 
 
 def _rebuild_list(col: pa.Array, flat_ids: pa.Array) -> pa.Array:

@@ -1,0 +1,187 @@
+"""Deterministic weighted mixtures of several sources.
+
+:func:`interleave` takes datasets read with provenance (``_sf_file``,
+``_sf_row``) and returns one dataset whose rows come from the sources in the
+given proportions, in an order fixed by the seed:
+
+1. **How many rows per source.** With proportions ``p_i = w_i / sum(w)`` and
+   ``n_i`` rows in source ``i``, the mixture has ``T = min_i n_i / p_i`` rows
+   (the first source to run out ends it) and takes ``floor(p_i * T)`` rows of
+   each source: its first rows in (file name, row) order.
+2. **In which order.** Row ``k`` of source ``i`` gets the key
+   ``(k + u) / p_i`` with ``u`` in [0, 1) hashed from (seed, source, k)
+   (jittered stride scheduling): sorted by key, each source keeps its order
+   and every prefix of the mixture holds each source in proportion ``p_i`` to
+   within one row. One Ray ``sort`` does the merge.
+
+Only row counts per file travel to the driver (one small aggregation per
+source), never rows. ``_sf_file`` becomes ``<source name>/<file>`` so rows of
+different sources keep distinct identities for seeded transforms.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from slicefeed.connectors._errors import SpecError
+from slicefeed.transforms import PROVENANCE_FILE, PROVENANCE_ROW
+from slicefeed.transforms._base import _GOLD, _mix64, _str_hash64
+
+if TYPE_CHECKING:  # pragma: no cover
+    import ray.data
+
+_KEY = "__sf_mix_key"
+_SRC = "__sf_mix_src"
+
+
+def _file_sizes(ds: "ray.data.Dataset") -> dict[str, int]:
+    """Rows per file (max ``_sf_row`` + 1), from per-block partial aggregates."""
+
+    def partial(batch: pa.Table) -> pa.Table:
+        g = batch.select([PROVENANCE_FILE, PROVENANCE_ROW]).group_by(
+            PROVENANCE_FILE, use_threads=False
+        ).aggregate([(PROVENANCE_ROW, "max")])
+        return g.select([PROVENANCE_FILE, f"{PROVENANCE_ROW}_max"]).rename_columns(["f", "m"])
+
+    sizes: dict[str, int] = {}
+    parts = ds.select_columns([PROVENANCE_FILE, PROVENANCE_ROW]).map_batches(
+        partial, batch_format="pyarrow", batch_size=None
+    )
+    for b in parts.iter_batches(batch_format="pyarrow", batch_size=None):
+        for f, m in zip(b.column("f").to_pylist(), b.column("m").to_pylist()):
+            sizes[f] = max(sizes.get(f, 0), int(m) + 1)
+    return sizes
+
+
+def plan_counts(sizes: Sequence[int], weights: Sequence[float]) -> list[int]:
+    """Rows taken from each source: ``floor(p_i * min_j n_j / p_j)``, capped at ``n_i``."""
+    w = np.asarray(weights, dtype=np.float64)
+    p = w / w.sum()
+    n = np.asarray(sizes, dtype=np.float64)
+    total = float(np.min(n / p))
+    # A tiny epsilon so that exact products (p_i * T == n_i) are not floored below n_i.
+    return [int(min(s, math.floor(pi * total + 1e-9))) for s, pi in zip(sizes, p)]
+
+
+def interleave(
+    datasets: Sequence["ray.data.Dataset"] | Mapping[str, "ray.data.Dataset"],
+    weights: Sequence[float],
+    *,
+    seed: int = 0,
+) -> tuple["ray.data.Dataset", dict[str, int]]:
+    """Mixes ``datasets`` in proportion to ``weights``, deterministically by ``seed``.
+
+    Args:
+        datasets: Datasets with the same schema, read with provenance; a list
+            (sources named ``"0"``, ``"1"``, ...) or a mapping name -> dataset.
+        weights: One positive weight per dataset.
+        seed: Fixes the interleaving order.
+
+    Returns:
+        ``(dataset, counts)``: the lazy mixed dataset and the number of rows
+        taken from each source, by name (for the run report).
+
+    Raises:
+        SpecError: on mismatched lengths, non-positive weights, an empty
+            source, missing provenance columns or different schemas.
+    """
+    if isinstance(datasets, Mapping):
+        names = [str(k) for k in datasets]
+        dss = list(datasets.values())
+    else:
+        dss = list(datasets)
+        names = [str(i) for i in range(len(dss))]
+    if not dss:
+        raise SpecError("interleave: give at least one dataset")
+    if len(weights) != len(dss):
+        raise SpecError(
+            f"interleave: {len(dss)} datasets but {len(weights)} weights; give one weight per source"
+        )
+    for name, w in zip(names, weights):
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not (w > 0 and math.isfinite(w)):
+            raise SpecError(f"interleave: weight of source {name!r} must be a positive number; got {w!r}")
+    schemas = [ds.schema().base_schema for ds in dss]
+    for name, s in zip(names, schemas):
+        missing = [c for c in (PROVENANCE_FILE, PROVENANCE_ROW) if c not in s.names]
+        if missing:
+            raise SpecError(
+                f"interleave: source {name!r} lacks the provenance columns {missing}; read it "
+                "with provenance=True"
+            )
+    for name, s in zip(names[1:], schemas[1:]):
+        if s.names != schemas[0].names or s.types != schemas[0].types:
+            raise SpecError(
+                f"interleave: source {name!r} has columns "
+                f"{', '.join(f'{f.name}: {f.type}' for f in s)}; source {names[0]!r} has "
+                f"{', '.join(f'{f.name}: {f.type}' for f in schemas[0])}. Mixed sources need "
+                "the same schema (select/cast them first)."
+            )
+    file_sizes = [_file_sizes(ds) for ds in dss]
+    sizes = [sum(fs.values()) for fs in file_sizes]
+    for name, n in zip(names, sizes):
+        if n == 0:
+            raise SpecError(f"interleave: source {name!r} is empty; a mixture needs rows from every source")
+    counts = plan_counts(sizes, weights)
+    w = np.asarray(weights, dtype=np.float64)
+    p = w / w.sum()
+    salts = [_str_hash64(f"mixture/{seed}/{i}") for i in range(len(dss))]
+    parts = []
+    for i, (ds, fsz) in enumerate(zip(dss, file_sizes)):
+        files = sorted(fsz)
+        offsets = dict(zip(files, np.cumsum([0] + [fsz[f] for f in files])[:-1].tolist()))
+        parts.append(
+            ds.map_batches(
+                _Keyer(names[i], i, offsets, counts[i], float(p[i]), salts[i]),
+                batch_format="pyarrow",
+            )
+        )
+    mixed = parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
+    mixed = mixed.sort([_KEY, _SRC]).map_batches(_drop_keys, batch_format="pyarrow")
+    return mixed, dict(zip(names, counts))
+
+
+class _Keyer:
+    """Adds the mixture sort key to a source's rows and drops rows past its quota."""
+
+    def __init__(self, name: str, index: int, offsets: dict[str, int], count: int, p: float, salt: int):
+        self.name, self.index, self.offsets = name, index, offsets
+        self.count, self.p, self.salt = count, p, salt
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        files = batch.column(PROVENANCE_FILE)
+        enc = pc.dictionary_encode(files).combine_chunks()
+        base = np.array([self.offsets.get(f, 0) for f in enc.dictionary.to_pylist()], np.int64)
+        rank = base[enc.indices.to_numpy()] + batch.column(PROVENANCE_ROW).to_numpy().astype(np.int64)
+        keep = rank < self.count
+        batch = batch.filter(pa.array(keep))
+        rank = rank[keep]
+        # Per-row jitter in [0, 1) from (seed, source, rank): keeps each source's
+        # order and the +-1 prefix guarantee, and lets the seed shape the order.
+        with np.errstate(over="ignore"):
+            h = _mix64(np.uint64(self.salt) ^ (rank.astype(np.uint64) * _GOLD))
+        jitter = (h >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+        key = (rank.astype(np.float64) + jitter) / self.p
+        named = pc.binary_join_element_wise(self.name, batch.column(PROVENANCE_FILE), "/")
+        batch = batch.set_column(batch.column_names.index(PROVENANCE_FILE), PROVENANCE_FILE, named)
+        batch = batch.append_column(_KEY, pa.array(key))
+        return batch.append_column(_SRC, pa.array(np.full(len(key), self.index, np.int32)))
+
+
+def _drop_keys(batch: pa.Table) -> pa.Table:
+    return batch.drop_columns([c for c in (_KEY, _SRC) if c in batch.column_names])
+
+
+def mixture_report(counts: Mapping[str, int], weights: Sequence[float]) -> dict[str, Any]:
+    """Per-source counts and realised proportions for the run report."""
+    total = sum(counts.values())
+    w = np.asarray(weights, dtype=np.float64)
+    return {
+        name: {"rows": n, "weight": float(wi), "fraction": (n / total) if total else 0.0}
+        for (name, n), wi in zip(counts.items(), w / w.sum())
+    }

@@ -1,0 +1,227 @@
+"""Image transforms on images generated with Pillow in the test."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from PIL import Image
+
+from slicefeed.connectors import SpecError
+from slicefeed.transforms import (
+    ERROR_COLUMN,
+    PROVENANCE_FILE,
+    PROVENANCE_ROW,
+    CenterCrop,
+    DecodeImage,
+    NormalizeImage,
+    RandomCrop,
+    RandomFlip,
+    Resize,
+    apply_transforms,
+    as_bfloat16,
+    check_transforms,
+    is_bfloat16_field,
+    read_images,
+    split_errors,
+)
+
+
+def _pixels(h: int, w: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
+
+
+def _encode(a: np.ndarray, fmt: str = "PNG") -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(a).save(buf, format=fmt)
+    return buf.getvalue()
+
+
+def _table(n: int = 6, file: str = "imgs/part-0.parquet") -> tuple[pa.Table, list[np.ndarray]]:
+    arrays = [_pixels(16 + 3 * i, 20 + 2 * i, i) for i in range(n)]
+    data = [_encode(a, "PNG" if i % 2 else "JPEG") for i, a in enumerate(arrays)]
+    tbl = pa.table(
+        {
+            "image": pa.array(data, pa.binary()),
+            "label": list(range(n)),
+            PROVENANCE_FILE: [file] * n,
+            PROVENANCE_ROW: pa.array(range(n), pa.int64()),
+        }
+    )
+    return tbl, arrays
+
+
+def test_decode_png_exact_and_jpeg_close():
+    tbl, arrays = _table()
+    out = DecodeImage()(tbl)
+    assert out.schema == DecodeImage().output_schema(tbl.schema)
+    images, valid = read_images(out.column("image"))
+    assert valid.all()
+    for i, (im, src) in enumerate(zip(images, arrays)):
+        assert im.shape == src.shape
+        if i % 2:  # PNG is lossless
+            np.testing.assert_array_equal(im, src)
+    gray = DecodeImage(mode="L")(tbl)
+    assert read_images(gray.column("image"))[0][1].shape == (19, 22, 1)
+
+
+def test_decode_paths(tmp_path):
+    a = _pixels(8, 9, 1)
+    p = tmp_path / "with space.png"
+    p.write_bytes(_encode(a))
+    out = DecodeImage(column="path", output="image")(pa.table({"path": [str(p)]}))
+    np.testing.assert_array_equal(read_images(out.column("image"))[0][0], a)
+
+
+def test_bad_images_follow_bad_record_policy(tmp_path):
+    tbl, _ = _table(4)
+    data = tbl.column("image").to_pylist()
+    data[1] = b"not an image at all"
+    data[2] = data[2][:40]  # truncated PNG
+    tbl = tbl.set_column(0, "image", pa.array(data, pa.binary()))
+    out = DecodeImage()(tbl)
+    good, bad = split_errors(out)
+    assert good.column("label").to_pylist() == [0, 3]
+    assert bad.column(PROVENANCE_ROW).to_pylist() == [1, 2]
+    reasons = bad.column(ERROR_COLUMN).to_pylist()
+    assert reasons[0].startswith(
+        "DecodeImage: cannot decode image in column 'image' (19 bytes): UnidentifiedImageError"
+    )
+    assert "0x" not in reasons[0]  # reproducible text (no object addresses)
+    with pytest.raises(Exception, match=r"bad record at file 'imgs/part-0.parquet' row 1"):
+        apply_transforms(tbl, [DecodeImage()])
+    missing = DecodeImage(column="p")(pa.table({"p": [str(tmp_path / "nope.png")]}))
+    assert "DecodeImage: cannot decode image in column 'p' (path" in missing.column(ERROR_COLUMN)[0].as_py()
+
+
+def _chain(seed: int, file: str = "imgs/part-0.parquet"):
+    return [
+        DecodeImage(),
+        Resize(shorter_side=24),
+        RandomCrop(height=16, width=16).with_seed(seed),
+        RandomFlip(horizontal=True, vertical=True).with_seed(seed),
+        NormalizeImage(mean=[0.5, 0.5, 0.5], std=[0.25, 0.25, 0.25], dtype="float32"),
+    ]
+
+
+def test_full_chain_shapes_and_schema():
+    tbl, _ = _table()
+    chain = _chain(0)
+    out = apply_transforms(tbl, chain)
+    assert out.schema == check_transforms(tbl.schema, chain)
+    images, valid = read_images(out.column("image"))
+    assert images.shape == (6, 16, 16, 3) and images.dtype == np.float32
+    assert -2.0 - 1e-6 <= images.min() and images.max() <= 2.0 + 1e-6
+
+
+def test_random_ops_deterministic_by_seed_and_row_identity():
+    tbl, _ = _table(8)
+    a = apply_transforms(tbl, _chain(1))
+    b = apply_transforms(tbl, _chain(1))
+    assert a.equals(b)
+    # Same rows in a different batch composition -> same pixels (row identity, not position).
+    parts = [apply_transforms(tbl.slice(i, 3), _chain(1)) for i in range(0, 8, 3)]
+    assert pa.concat_tables(parts).equals(a)
+    c = apply_transforms(tbl, _chain(2))
+    assert not c.column("image").equals(a.column("image"))
+    # A seed given explicitly wins over the pipeline's.
+    assert RandomCrop(seed=5).with_seed(9).seed == 5 and RandomCrop().with_seed(9).seed == 9
+
+
+def test_random_crop_and_flip_are_random_per_row():
+    n = 64
+    a = np.tile(np.arange(32, dtype=np.uint8)[None, :, None], (32, 1, 3))  # x-gradient
+    tbl = pa.table(
+        {
+            "image": [_encode(a)] * n,
+            PROVENANCE_FILE: ["f"] * n,
+            PROVENANCE_ROW: pa.array(range(n), pa.int64()),
+        }
+    )
+    crops = apply_transforms(tbl, [DecodeImage(), Resize(height=32, width=32), RandomCrop(height=8, width=8, seed=3)])
+    imgs, _ = read_images(crops.column("image"))
+    x0 = imgs[:, 0, 0, 0]
+    assert len(set(x0.tolist())) > 10 and x0.min() >= 0 and x0.max() <= 24
+    # Each crop is a contiguous window of the gradient.
+    np.testing.assert_array_equal(imgs[:, 0, :, 0], x0[:, None] + np.arange(8))
+    flips = apply_transforms(crops, [RandomFlip(seed=3, p=0.5)])
+    fimgs, _ = read_images(flips.column("image"))
+    flipped = fimgs[:, 0, 0, 0] != imgs[:, 0, 0, 0]
+    assert 10 < flipped.sum() < 54
+    np.testing.assert_array_equal(fimgs[flipped], imgs[flipped][:, :, ::-1])
+    none = apply_transforms(crops, [RandomFlip(seed=3, p=0.0)])
+    assert none.column("image").equals(crops.column("image"))
+
+
+def test_center_crop_variable_and_fixed_agree():
+    tbl, _ = _table(4)
+    dec = apply_transforms(tbl, [DecodeImage()])
+    via_var = CenterCrop(height=10, width=12)(dec)
+    via_fixed = CenterCrop(height=10, width=12)(Resize(height=16, width=20)(dec))
+    src, _ = read_images(dec.column("image"))
+    got, _ = read_images(via_var.column("image"))
+    H, W = src[0].shape[:2]
+    np.testing.assert_array_equal(got[0], src[0][(H - 10) // 2 : (H - 10) // 2 + 10, (W - 12) // 2 : (W - 12) // 2 + 12])
+    assert via_fixed.schema.field("image").type == via_var.schema.field("image").type
+
+
+def test_crop_larger_than_image_is_bad_record():
+    tbl, _ = _table(3)
+    out = CenterCrop(height=18, width=18)(apply_transforms(tbl, [DecodeImage()]))
+    good, bad = split_errors(out)
+    assert good.column("label").to_pylist() == [1, 2]
+    assert bad.column(ERROR_COLUMN).to_pylist() == [
+        "CenterCrop: image 16x20 is smaller than the crop 18x18; resize first"
+    ]
+
+
+def test_normalize_dtypes():
+    tbl, _ = _table(2)
+    fixed = apply_transforms(tbl, [DecodeImage(), Resize(height=4, width=5)])
+    raw, _ = read_images(fixed.column("image"))
+    u8 = NormalizeImage(dtype="uint8")(fixed)
+    np.testing.assert_array_equal(read_images(u8.column("image"))[0], raw)
+    f32 = NormalizeImage(mean=0.5, std=0.5)(fixed)
+    expect = (raw.astype(np.float32) / 255 - 0.5) / 0.5
+    np.testing.assert_allclose(read_images(f32.column("image"))[0], expect, atol=1e-6)
+    bf = NormalizeImage(mean=0.5, std=0.5, dtype="bfloat16")(fixed)
+    f = bf.schema.field("image")
+    assert is_bfloat16_field(f) and bf.schema == NormalizeImage(mean=0.5, std=0.5, dtype="bfloat16").output_schema(fixed.schema)
+    bits, _ = read_images(bf.column("image"))
+    np.testing.assert_allclose(as_bfloat16(bits).astype(np.float32), expect, atol=1e-2)
+
+
+def test_image_schema_errors():
+    tbl, _ = _table(1)
+    s = tbl.schema
+    dec = DecodeImage().output_schema(s)
+    with pytest.raises(SpecError, match=r"^DecodeImage: column 'img' not found; available: image, label\."):
+        DecodeImage(column="img").output_schema(s)
+    with pytest.raises(SpecError, match=r"DecodeImage: column 'label' has type int64; expected binary or string"):
+        DecodeImage(column="label").output_schema(s)
+    with pytest.raises(SpecError, match=r"DecodeImage: unknown mode 'CMYK'; allowed: RGB, L, RGBA"):
+        DecodeImage(mode="CMYK")
+    with pytest.raises(SpecError, match=r"Resize: column 'image' has type binary; expected a uint8 image column \(add DecodeImage first"):
+        Resize(height=2, width=2).output_schema(s)
+    with pytest.raises(SpecError, match=r"Resize: give either height and width \(exact size\) or shorter_side"):
+        Resize(height=3)
+    with pytest.raises(SpecError, match=r"Resize: unknown resample 'cubic'; allowed: nearest"):
+        Resize(shorter_side=3, resample="cubic")
+    with pytest.raises(SpecError, match=r"CenterCrop: column 'image' holds 4x4 images, smaller than the crop 8x8"):
+        CenterCrop(height=8, width=8).output_schema(Resize(height=4, width=4).output_schema(dec))
+    with pytest.raises(SpecError, match=r"RandomCrop: needs the row identity columns '_sf_file' and '_sf_row'"):
+        RandomCrop(height=2, width=2).output_schema(DecodeImage().output_schema(pa.schema([("image", pa.binary())])))
+    with pytest.raises(SpecError, match=r"RandomFlip: p must be a probability in \[0, 1\]; got 2"):
+        RandomFlip(p=2)
+    with pytest.raises(SpecError, match=r"RandomFlip: column 'label' has type int64; expected a uint8 image column"):
+        RandomFlip(column="label").output_schema(s)
+    with pytest.raises(SpecError, match=r"NormalizeImage: column 'image' holds images of varying size; add Resize"):
+        NormalizeImage().output_schema(dec)
+    with pytest.raises(SpecError, match=r"NormalizeImage: unknown dtype 'float16'; allowed: uint8, float32, bfloat16"):
+        NormalizeImage(dtype="float16")
+    with pytest.raises(SpecError, match=r"NormalizeImage: mean has 2 values; the image has 3 channels"):
+        NormalizeImage(mean=[0.1, 0.2]).output_schema(Resize(height=2, width=2).output_schema(dec))
+    with pytest.raises(SpecError, match=r"NormalizeImage: std must be positive"):
+        NormalizeImage(std=0)

