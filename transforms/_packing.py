@@ -34,16 +34,23 @@ def first_fit(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarra
     bins = np.empty(n, dtype=np.int64)
     offs = np.empty(n, dtype=np.int64)
     open_ = 0
-    # One NumPy scan over open bins per item; the copy of tokens is vectorised.
+    lo = 0  # bins before lo are full
+    # One NumPy scan over the non-full open bins per item; the token copy is vectorised.
     for i, ln in enumerate(lengths.tolist()):
-        fits = np.flatnonzero(rem[:open_] >= ln)
-        b = int(fits[0]) if len(fits) else open_
+        if lo < open_:
+            fits = rem[lo:open_] >= ln
+            j = int(fits.argmax())
+            b = lo + j if fits[j] else open_
+        else:
+            b = open_
         if b == open_:
             rem[open_] = capacity
             open_ += 1
         bins[i] = b
         offs[i] = capacity - rem[b]
         rem[b] -= ln
+        while lo < open_ and rem[lo] == 0:
+            lo += 1
     return bins, offs
 
 
