@@ -35,6 +35,12 @@ from slicefeed.connectors._fs import ResolvedPath, expand_paths, has_glob, resol
 
 PROVENANCE_FILE = "_sf_file"
 PROVENANCE_ROW = "_sf_row"
+#: Reason a record is bad (null = good). The same name as
+#: ``slicefeed.transforms.ERROR_COLUMN``: readers mark undecodable records with
+#: it when ``mark_errors=True`` (the pipeline's ``on_error: skip|quarantine``).
+ERROR_COLUMN = "_sf_error"
+#: Raw bytes of a record a reader could not decode (JSONL line, text line).
+RAW_COLUMN = "_sf_raw"
 
 _FIX_HINT = (
     "Fix or remove it, or set `on_error: skip` or `on_error: quarantine` in the "
@@ -54,9 +60,14 @@ class _SlicefeedFileDatasource(FileBasedDatasource):
         source: ResolvedPath,
         columns: Sequence[str] | None,
         provenance: bool,
+        mark_errors: bool = False,
         **kwargs: Any,
     ):
+        if mark_errors and not provenance:
+            raise ValueError("mark_errors=True needs provenance=True: a bad record is "
+                             "reported by its file and row.")
         super().__init__(paths, filesystem=source.fs, **kwargs)
+        self._mark_errors = mark_errors
         self._protocol = source.protocol
         # Relative paths are stable across storages (local vs gs://), so row
         # identity, and so seeded randomness, does not depend on where data lives.
@@ -78,7 +89,32 @@ class _SlicefeedFileDatasource(FileBasedDatasource):
             return path[len(self._base) + 1 :]
         return path.rsplit("/", 1)[-1]
 
-    def _finish(self, table: pa.Table, path: str, first_row: int) -> pa.Table:
+    def _bad_rows(
+        self,
+        path: str,
+        rows: Sequence[int | None],
+        reasons: Sequence[str],
+        raw: Sequence[bytes | None] | None = None,
+    ) -> pa.Table:
+        """Rows standing for records (or a whole file) that could not be decoded.
+
+        Only provenance, the reason and the raw bytes are known; Ray Data fills
+        the data columns with nulls when it concatenates blocks, and the
+        pipeline removes these rows before any transform sees them.
+        """
+        n = len(rows)
+        cols: dict[str, pa.Array] = {
+            PROVENANCE_FILE: pa.array([self._relative(path)] * n, pa.string()),
+            PROVENANCE_ROW: pa.array(list(rows), pa.int64()),
+            ERROR_COLUMN: pa.array([f"{self._uri(path)}: {r}" for r in reasons], pa.string()),
+        }
+        if raw is not None:
+            cols[RAW_COLUMN] = pa.array(list(raw), pa.binary())
+        return pa.table(cols)
+
+    def _finish(
+        self, table: pa.Table, path: str, first_row: int, rows: np.ndarray | None = None
+    ) -> pa.Table:
         if self._columns is not None:
             missing = [c for c in self._columns if c not in table.column_names]
             if missing:
@@ -95,9 +131,9 @@ class _SlicefeedFileDatasource(FileBasedDatasource):
                     pa.array(np.zeros(n, dtype=np.int32)), pa.array([self._relative(path)])
                 ).cast(pa.string()),
             )
-            table = table.append_column(
-                PROVENANCE_ROW, pa.array(np.arange(first_row, first_row + n, dtype=np.int64))
-            )
+            if rows is None:
+                rows = np.arange(first_row, first_row + n, dtype=np.int64)
+            table = table.append_column(PROVENANCE_ROW, pa.array(rows, pa.int64()))
         return table
 
 
@@ -117,6 +153,10 @@ class ParquetFilesDatasource(_SlicefeedFileDatasource):
         try:
             pf = pq.ParquetFile(f)
         except (pa.ArrowInvalid, OSError) as e:
+            if self._mark_errors:
+                # Row count unknown: one record stands for the whole file.
+                yield self._bad_rows(path, [None], [f"not a readable Parquet file ({e})"])
+                return
             raise CorruptFileError(
                 f"{self._uri(path)} is not a readable Parquet file ({e}). Replace or "
                 "remove the file and rerun."
@@ -135,6 +175,14 @@ class ParquetFilesDatasource(_SlicefeedFileDatasource):
                 yield self._finish(table, path, row)
                 row += table.num_rows
         except (pa.ArrowInvalid, OSError) as e:
+            if self._mark_errors:
+                # The footer knows how many rows there are: each undecoded row
+                # is accounted for.
+                rest = range(row, max(pf.metadata.num_rows, row + 1))
+                yield self._bad_rows(
+                    path, list(rest), [f"Parquet data after row {row} cannot be decoded ({e})"] * len(rest)
+                )
+                return
             raise CorruptFileError(
                 f"{self._uri(path)}: Parquet data after row {row} cannot be decoded ({e}). "
                 "Replace or remove the file and rerun."
@@ -154,8 +202,54 @@ class JsonlDatasource(_SlicefeedFileDatasource):
         try:
             table = pajson.read_json(io.BytesIO(data))
         except pa.ArrowInvalid as e:
+            if self._mark_errors:
+                yield from self._mark_bad_lines(data, path, e)
+                return
             raise _locate_bad_json_line(data, self._uri(path), e) from None
         yield self._finish(table, path, 0)
+
+    def _mark_bad_lines(self, data: bytes, path: str, err: Exception) -> Iterator[pa.Table]:
+        """Good lines as rows, bad lines as marked rows (error path only: a Python loop).
+
+        Rows are numbered like the fast path: by non-empty line.
+        """
+        import pyarrow.json as pajson
+
+        good_rows: list[int] = []
+        good: list[bytes] = []
+        bad_rows: list[int] = []
+        reasons: list[str] = []
+        raw: list[bytes] = []
+        record = 0
+        for i, line in enumerate(data.split(b"\n")):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+                reason = None if isinstance(obj, dict) else (
+                    f"line {i + 1} is a JSON {type(obj).__name__}, expected an object")
+            except (UnicodeDecodeError, ValueError) as e:
+                reason = f"line {i + 1} is not valid JSON ({e})"
+            if reason is None:
+                good_rows.append(record)
+                good.append(line)
+            else:
+                bad_rows.append(record)
+                reasons.append(reason)
+                raw.append(line)
+            record += 1
+        if not bad_rows:
+            # Every line parses on its own: the lines disagree on a column's type.
+            yield self._bad_rows(path, [None], [f"cannot be read as JSON lines ({err})"])
+            return
+        if good:
+            try:
+                table = pajson.read_json(io.BytesIO(b"\n".join(good)))
+            except pa.ArrowInvalid as e:
+                yield self._bad_rows(path, [None], [f"cannot be read as JSON lines ({e})"])
+                return
+            yield self._finish(table, path, 0, rows=np.asarray(good_rows, dtype=np.int64))
+        yield self._bad_rows(path, bad_rows, reasons, raw)
 
 
 def _locate_bad_json_line(data: bytes, uri: str, err: Exception) -> BadRecordError:
@@ -193,6 +287,9 @@ class CsvDatasource(_SlicefeedFileDatasource):
                 f, parse_options=pacsv.ParseOptions(delimiter=self._delimiter)
             )
         except pa.ArrowInvalid as e:
+            if self._mark_errors:
+                yield self._bad_rows(path, [None], [f"cannot be parsed as CSV ({e})"])
+                return
             raise BadRecordError(f"{self._uri(path)}: cannot be parsed as CSV ({e}). {_FIX_HINT}") from None
         yield self._finish(table, path, 0)
 
@@ -214,6 +311,9 @@ class TextDatasource(_SlicefeedFileDatasource):
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as e:
+            if self._mark_errors:
+                yield from self._mark_bad_utf8(data, path)
+                return
             line = data.count(b"\n", 0, e.start)
             raise BadRecordError(
                 f"{self._uri(path)}: line {line + 1} (row {line}) is not valid UTF-8 "
@@ -228,6 +328,32 @@ class TextDatasource(_SlicefeedFileDatasource):
         if self._drop_empty:
             table = table.filter(pc.not_equal(table["text"], ""))
         yield table
+
+
+    def _mark_bad_utf8(self, data: bytes, path: str) -> Iterator[pa.Table]:
+        """Valid lines as rows, invalid UTF-8 lines as marked rows (error path only)."""
+        import pyarrow.compute as pc
+
+        lines = data.split(b"\n")
+        if data.endswith(b"\n"):
+            lines = lines[:-1]
+        good_rows, good, bad_rows, reasons, raw = [], [], [], [], []
+        for i, line in enumerate(lines):
+            try:
+                good.append(line.decode("utf-8"))
+                good_rows.append(i)
+            except UnicodeDecodeError as e:
+                bad_rows.append(i)
+                reasons.append(f"line {i + 1} is not valid UTF-8 (byte {e.start} of the line)")
+                raw.append(line)
+        table = self._finish(
+            pa.table({"text": pc.utf8_rtrim(pa.array(good, pa.string()), characters="\r")}),
+            path, 0, rows=np.asarray(good_rows, dtype=np.int64),
+        )
+        if self._drop_empty:
+            table = table.filter(pc.not_equal(table["text"], ""))
+        yield table
+        yield self._bad_rows(path, bad_rows, reasons, raw)
 
 
 _FORMATS: dict[str, type[_SlicefeedFileDatasource]] = {
@@ -249,6 +375,7 @@ def _read(
     fs_kwargs: dict[str, Any],
     ray_kwargs: dict[str, Any],
     datasource_kwargs: dict[str, Any] | None = None,
+    mark_errors: bool = False,
 ) -> ray.data.Dataset:
     source = resolve_filesystem(uri, **fs_kwargs)
     paths = expand_paths(source, suffixes=suffixes)
@@ -258,6 +385,7 @@ def _read(
         source=source,
         columns=columns,
         provenance=provenance,
+        mark_errors=mark_errors,
         shuffle=FileShuffleConfig(seed=shuffle_seed) if shuffle_seed is not None else None,
         **(datasource_kwargs or {}),
     )
@@ -278,6 +406,7 @@ def read_parquet(
     columns: Sequence[str] | None = None,
     shuffle_seed: int | None = None,
     provenance: bool = False,
+    mark_errors: bool = False,
     **kwargs: Any,
 ) -> ray.data.Dataset:
     """Lazily reads Parquet files: a file, a directory (recursively) or a glob.
@@ -288,6 +417,12 @@ def read_parquet(
         shuffle_seed: If set, file order is shuffled with this seed (Ray's
             ``FileShuffleConfig``); the same seed gives the same order.
         provenance: Add ``_sf_file`` and ``_sf_row`` columns (row identity).
+        mark_errors: With ``provenance``: instead of raising, a record that
+            cannot be decoded (or a whole unreadable file, with a null
+            ``_sf_row``) becomes a row whose ``_sf_error`` holds the reason
+            (file, line) and ``_sf_raw`` its bytes where known; good rows have
+            a null ``_sf_error``. The pipeline's ``on_error: skip|quarantine``
+            reads this way and removes those rows before any transform.
         **kwargs: ``credentials``, ``anonymous``, ``project``, ``storage_options``
             go to :func:`resolve_filesystem`; the rest to ``ray.data.read_datasource``
             (``override_num_blocks``, ``concurrency``, ``ray_remote_args``...).
@@ -305,7 +440,7 @@ def read_parquet(
     fs_kwargs, ray_kwargs = _split_kwargs(dict(kwargs))
     return _read(
         "parquet", uri, columns=columns, shuffle_seed=shuffle_seed, provenance=provenance,
-        suffixes=(".parquet", ".pq"), fs_kwargs=fs_kwargs, ray_kwargs=ray_kwargs,
+        suffixes=(".parquet", ".pq"), mark_errors=mark_errors, fs_kwargs=fs_kwargs, ray_kwargs=ray_kwargs,
     )
 
 
@@ -315,6 +450,7 @@ def read_jsonl(
     columns: Sequence[str] | None = None,
     shuffle_seed: int | None = None,
     provenance: bool = False,
+    mark_errors: bool = False,
     **kwargs: Any,
 ) -> ray.data.Dataset:
     """Lazily reads newline-delimited JSON (one object per line).
@@ -326,7 +462,7 @@ def read_jsonl(
     return _read(
         "jsonl", uri, columns=columns, shuffle_seed=shuffle_seed, provenance=provenance,
         suffixes=(".jsonl", ".json", ".ndjson", ".jsonl.gz", ".json.gz"),
-        fs_kwargs=fs_kwargs, ray_kwargs=ray_kwargs,
+        mark_errors=mark_errors, fs_kwargs=fs_kwargs, ray_kwargs=ray_kwargs,
     )
 
 
@@ -337,6 +473,7 @@ def read_csv(
     shuffle_seed: int | None = None,
     provenance: bool = False,
     delimiter: str = ",",
+    mark_errors: bool = False,
     **kwargs: Any,
 ) -> ray.data.Dataset:
     """Lazily reads CSV files with a header row (types inferred by pyarrow).
@@ -346,7 +483,7 @@ def read_csv(
     fs_kwargs, ray_kwargs = _split_kwargs(dict(kwargs))
     return _read(
         "csv", uri, columns=columns, shuffle_seed=shuffle_seed, provenance=provenance,
-        suffixes=(".csv", ".csv.gz", ".tsv"), fs_kwargs=fs_kwargs, ray_kwargs=ray_kwargs,
+        suffixes=(".csv", ".csv.gz", ".tsv"), mark_errors=mark_errors, fs_kwargs=fs_kwargs, ray_kwargs=ray_kwargs,
         datasource_kwargs={"delimiter": delimiter},
     )
 
@@ -357,6 +494,7 @@ def read_text(
     shuffle_seed: int | None = None,
     provenance: bool = False,
     drop_empty_lines: bool = False,
+    mark_errors: bool = False,
     **kwargs: Any,
 ) -> ray.data.Dataset:
     """Lazily reads UTF-8 text files, one row per line, into a ``text`` column.
@@ -368,7 +506,7 @@ def read_text(
     fs_kwargs, ray_kwargs = _split_kwargs(dict(kwargs))
     return _read(
         "text", uri, columns=None, shuffle_seed=shuffle_seed, provenance=provenance,
-        suffixes=(), fs_kwargs=fs_kwargs, ray_kwargs=ray_kwargs,
+        suffixes=(), mark_errors=mark_errors, fs_kwargs=fs_kwargs, ray_kwargs=ray_kwargs,
         datasource_kwargs={"drop_empty_lines": drop_empty_lines},
     )
 
@@ -382,6 +520,7 @@ def peek_schema(
     *,
     columns: Sequence[str] | None = None,
     provenance: bool = False,
+    mark_errors: bool = False,
     **fs_kwargs: Any,
 ) -> pa.Schema:
     """The schema a reader will produce, from the first file only, without Ray.
@@ -390,9 +529,14 @@ def peek_schema(
     column that first appears later is not seen); text is always ``text: string``.
     Used to check a pipeline's transforms before any Ray work starts.
 
+    With ``mark_errors`` (the pipeline's ``on_error: skip|quarantine``) bad
+    records do not stop the check: JSONL lines that are not JSON objects are
+    left out, and an unreadable file is passed over for the next one.
+
     Raises:
         FileNotFoundError: nothing at ``uri``.
-        CorruptFileError / BadRecordError: the first file cannot be parsed (named).
+        CorruptFileError / BadRecordError: the first file cannot be parsed (named);
+            with ``mark_errors``, no file can.
     """
     source = resolve_filesystem(uri, **fs_kwargs)
     suffixes = {
@@ -401,7 +545,43 @@ def peek_schema(
         "csv": (".csv", ".csv.gz", ".tsv"),
         "text": (),
     }[fmt]
-    first = expand_paths(source, suffixes=suffixes)[0]
+    files = expand_paths(source, suffixes=suffixes)
+    error: Exception | None = None
+    # Under mark_errors a bad file is skipped at run time, so look further.
+    for first in files[: 20 if mark_errors else 1]:
+        try:
+            schema = _peek_one(fmt, source, first, mark_errors=mark_errors)
+            break
+        except (CorruptFileError, BadRecordError) as e:
+            error = e
+    else:
+        assert error is not None
+        raise error
+    shown = source.to_uri(first)
+    if columns is not None:
+        missing = [c for c in columns if c not in schema.names]
+        if missing:
+            raise SpecError(
+                f"{shown}: column(s) {missing} not found; available: {', '.join(schema.names)}. "
+                "Fix `columns` in the source options."
+            )
+        schema = pa.schema([schema.field(c) for c in columns])
+    if provenance:
+        schema = schema.append(pa.field(PROVENANCE_FILE, pa.string())).append(
+            pa.field(PROVENANCE_ROW, pa.int64())
+        )
+    return schema
+
+
+def _is_json_object(line: bytes) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except (UnicodeDecodeError, ValueError):
+        return False
+
+
+def _peek_one(fmt: str, source: ResolvedPath, first: str, *, mark_errors: bool) -> pa.Schema:
+    """The schema of one file (see :func:`peek_schema`)."""
     shown = source.to_uri(first)
     if fmt == "text":
         schema = pa.schema([("text", pa.string())])
@@ -424,7 +604,15 @@ def peek_schema(
             if fmt == "jsonl":
                 import pyarrow.json as pajson
 
-                schema = pajson.read_json(io.BytesIO(head)).schema
+                try:
+                    schema = pajson.read_json(io.BytesIO(head)).schema
+                except pa.ArrowInvalid:
+                    if not mark_errors:
+                        raise
+                    good = [ln for ln in head.split(b"\n") if _is_json_object(ln)]
+                    if not good:
+                        raise
+                    schema = pajson.read_json(io.BytesIO(b"\n".join(good))).schema
             else:
                 import pyarrow.csv as pacsv
 
@@ -433,16 +621,4 @@ def peek_schema(
             if fmt == "jsonl":
                 raise _locate_bad_json_line(head, shown, e) from None
             raise BadRecordError(f"{shown}: cannot be parsed as CSV ({e}). {_FIX_HINT}") from None
-    if columns is not None:
-        missing = [c for c in columns if c not in schema.names]
-        if missing:
-            raise SpecError(
-                f"{shown}: column(s) {missing} not found; available: {', '.join(schema.names)}. "
-                "Fix `columns` in the source options."
-            )
-        schema = pa.schema([schema.field(c) for c in columns])
-    if provenance:
-        schema = schema.append(pa.field(PROVENANCE_FILE, pa.string())).append(
-            pa.field(PROVENANCE_ROW, pa.int64())
-        )
     return schema

@@ -43,6 +43,9 @@ def _write_bytes(target: ResolvedPath, data: bytes) -> None:
     """Writes ``data`` so a reader sees all of it or nothing."""
     fs = target.fs
     if target.protocol == "file":
+        # Ray does not call on_write_start before every plan's write tasks
+        # (seen after a sort), so the folder may not exist yet.
+        os.makedirs(os.path.dirname(target.path), exist_ok=True)
         tmp = f"{target.path}.tmp-{uuid.uuid4().hex}"
         with open(tmp, "wb") as f:
             f.write(data)

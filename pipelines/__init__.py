@@ -6,6 +6,7 @@ Public API::
         load_pipeline, Pipeline, RunReport,   # specs and batch jobs
         JaxLoader,                            # static-shape jax.Array batches per host
         SliceSpec,                            # TPU slice topology
+        preprocessing_placement,              # keep Ray Data's work off TPU hosts
     )
 
 Importing this package does not import jax; the loader imports it when used.
@@ -13,6 +14,11 @@ Importing this package does not import jax; the loader imports it when used.
 
 from slicefeed.pipelines._loader import JaxLoader
 from slicefeed.pipelines._pipeline import Pipeline, RunReport, load_pipeline
+from slicefeed.pipelines._placement import (
+    apply_placement,
+    placement_label_selector,
+    preprocessing_placement,
+)
 from slicefeed.pipelines._spec import apply_overrides, fingerprint, load_spec, validate_spec
 from slicefeed.pipelines._topology import SliceSpec
 
@@ -22,8 +28,11 @@ __all__ = [
     "RunReport",
     "SliceSpec",
     "apply_overrides",
+    "apply_placement",
     "fingerprint",
     "load_pipeline",
     "load_spec",
+    "placement_label_selector",
+    "preprocessing_placement",
     "validate_spec",
 ]

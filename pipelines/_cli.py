@@ -128,6 +128,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 # Each sets `func` (or `handler`) to a function of the parsed args returning an exit code.
 _EXTENSIONS: list[tuple[str, str]] = [
     ("slicefeed.pipelines._k8s", "add_parser"),
+    ("slicefeed.pipelines._slices", "add_parser"),
 ]
 
 

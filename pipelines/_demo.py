@@ -1,7 +1,9 @@
 """The embedded default job behind ``slicefeed demo``: no cloud account, no cluster.
 
 Generates a small deterministic JSONL corpus in a local folder, writes the
-built-in pipeline spec beside it, and runs it into a committed Parquet dataset.
+built-in text recipe (``pipelines/recipes/text_lm.yaml``: tokenize, pack to
+2048) beside it with the folder's paths, and runs it into a committed Parquet
+dataset of TPU-ready rows.
 """
 
 from __future__ import annotations
@@ -40,15 +42,12 @@ def write_corpus(raw_dir: str, *, rows: int, files: int = 4, seed: int = 0) -> l
 
 
 def demo_spec(raw_dir: str, out_dir: str) -> dict:
-    """The built-in demo pipeline."""
-    return {
-        "name": "slicefeed-demo",
-        "seed": 0,
-        "source": {"format": "jsonl", "uri": raw_dir},
-        "transforms": [
-            {"filter": {"expr": "n_words >= 4"}},
-            {"cast": {"columns": {"id": "int32", "n_words": "int32"}}},
-            {"select": {"columns": ["id", "n_words", "text"]}},
-        ],
-        "sink": {"format": "parquet", "uri": out_dir},
-    }
+    """The built-in text recipe (``text_lm``), pointed at ``raw_dir`` and ``out_dir``.
+
+    JSONL text -> byte-level tokens with EOS -> best-fit packed rows of 2048
+    int32 tokens with segment ids and positions -> committed Parquet.
+    """
+    from slicefeed.pipelines._spec import load_spec
+    from slicefeed.pipelines.recipes import recipe_path
+
+    return load_spec(recipe_path("text_lm"), [f"source.uri={raw_dir}", f"sink.uri={out_dir}"])

@@ -100,15 +100,15 @@ def _windows(pieces: list[tuple[str, int, int]], window_rows: int) -> list[list]
     return windows
 
 
-def _read_window(batch: dict, *, fs, base: str, columns: list[str]) -> pa.Table:
+def _read_window(batch: dict, *, fs, base_dir: str, columns: list[str]) -> pa.Table:
     """Ray Data map_batches fn: reads one window (only the row groups it overlaps)."""
     import pyarrow.parquet as pq
 
-    tables = []
     assert len(batch["w"]) == 1
     spec = json.loads(batch["spec"][0])
+    tables, positions, base = [], [], 0
     for path, lo, hi in spec["pieces"]:
-        with fs.open(f"{base}/{path}", "rb") as f:
+        with fs.open(f"{base_dir}/{path}", "rb") as f:
             pf = pq.ParquetFile(f)
             md = pf.metadata
             idx, first, pos = [], None, 0
@@ -119,14 +119,29 @@ def _read_window(batch: dict, *, fs, base: str, columns: list[str]) -> pa.Table:
                     first = pos if first is None else first
                 pos += n
             t = pf.read_row_groups(idx, columns=columns)
-        tables.append(t.slice(lo - first, hi - lo))
-    table = pa.concat_tables(tables).combine_chunks() if len(tables) > 1 else tables[0]
-    if spec["shuffle"]:
-        rng = np.random.default_rng(spec["rng"])
-        table = table.take(pa.array(rng.permutation(table.num_rows)))
-    if spec["skip"]:
-        table = table.slice(spec["skip"])
-    return table
+        tables.append(t)
+        positions.append(base + (lo - first) + np.arange(hi - lo))
+        base += t.num_rows
+    if not spec["shuffle"]:
+        table = pa.concat_tables(
+            [t.slice(p[0] - b, len(p)) for t, p, b in zip(tables, positions, _starts(tables))]
+        )
+        return table.slice(spec["skip"]) if spec["skip"] else table
+    order = np.concatenate(positions)
+    order = order[np.random.default_rng(spec["rng"]).permutation(len(order))]
+    order = order[spec["skip"]:]
+    # take() on the unsliced tables: pyarrow 26's take on a *sliced* nested
+    # fixed_size_list array returns wrong rows (tests/pipelines/test_loader.py::
+    # test_pyarrow_nested_fsl_take_bug documents it); offsets 0 are safe.
+    return pa.concat_tables(tables).take(pa.array(order))
+
+
+def _starts(tables: list[pa.Table]) -> list[int]:
+    out, pos = [], 0
+    for t in tables:
+        out.append(pos)
+        pos += t.num_rows
+    return out
 
 
 # --------------------------------------------------------------------------- sources
@@ -254,7 +269,7 @@ class _ManifestSource(_Source):
             batch_format="numpy",
             fn_kwargs={
                 "fs": self.resolved.fs,
-                "base": self.resolved.path.rstrip("/"),
+                "base_dir": self.resolved.path.rstrip("/"),
                 "columns": loader._read_columns,
             },
         )
@@ -494,7 +509,7 @@ class JaxLoader:
             or global_batch_size <= 0
             or global_batch_size % unit
         ):
-            suggest = unit * max(1, round(global_batch_size / unit)) if isinstance(
+            suggest = unit * max(1, -(-global_batch_size // unit)) if isinstance(
                 global_batch_size, int
             ) else unit
             raise SpecError(
@@ -809,8 +824,17 @@ class JaxLoader:
                 synchronize_batches=False,
                 **shuffle_kw,
             )
+            it = iter(it)
             prev = None
-            for b in it:
+            while True:
+                try:
+                    b = next(it)
+                except StopIteration:
+                    break
+                except Exception:
+                    if prev is not None:  # deliver what came before the failure
+                        yield prev, lb
+                    raise
                 if prev is not None:
                     yield prev, lb
                 prev = b

@@ -62,17 +62,43 @@ def _versions() -> dict[str, str]:
 
 @ray.remote(num_cpus=0)
 class _Counters:
-    """Row counts reported by the transform stages of one run."""
+    """Row counts reported by the transform stages of one run.
+
+    Each report carries a key naming the batch (stage + the provenance of its
+    rows); a key seen before is ignored, so a batch that Ray re-executes after
+    a worker died is not counted twice.
+    """
 
     def __init__(self) -> None:
         self.counts: dict[str, int] = {}
+        self.seen: set[str] = set()
 
-    def add(self, delta: dict[str, int]) -> None:
+    def add(self, delta: dict[str, int], key: str | None = None) -> None:
+        if key is not None:
+            if key in self.seen:
+                return
+            self.seen.add(key)
         for k, v in delta.items():
             self.counts[k] = self.counts.get(k, 0) + v
 
     def get(self) -> dict[str, int]:
         return dict(self.counts)
+
+
+def _batch_key(stage: str, table: pa.Table) -> str | None:
+    """Identity of a batch: its stage and the provenance of its rows (vectorised)."""
+    import hashlib
+
+    if PROVENANCE_ROW not in table.column_names or PROVENANCE_FILE not in table.column_names:
+        return None
+    h = hashlib.sha1(stage.encode())
+    files = table.column(PROVENANCE_FILE).combine_chunks()
+    rows = table.column(PROVENANCE_ROW).combine_chunks()
+    h.update(rows.fill_null(-1).to_numpy(zero_copy_only=False).tobytes())
+    enc = files.dictionary_encode()
+    h.update(enc.indices.to_numpy(zero_copy_only=False).tobytes())
+    h.update("\0".join(enc.dictionary.to_pylist()).encode())
+    return h.hexdigest()
 
 
 class _Stage:
@@ -82,7 +108,9 @@ class _Stage:
     ``_sf_error``) are removed right after the transform that marked them:
     ``fail`` raises :class:`BadRecordError` naming file and row; ``skip``
     counts them; ``quarantine`` also writes them, with their provenance and
-    reason, under ``<sink>/_quarantine/``.
+    reason, under ``<sink>/_quarantine/``. The first stage
+    (``count_input``) does the same for records the reader could not decode
+    (``on_error: skip|quarantine`` reads with ``mark_errors=True``).
     """
 
     def __init__(
@@ -93,48 +121,77 @@ class _Stage:
         counters: Any = None,
         quarantine: Any = None,
         count_input: bool = False,
+        stage_id: str = "",
     ):
         self.transforms = list(transforms)
         self.on_error = on_error
         self.counters = counters
         self.quarantine = quarantine  # ResolvedPath of <sink>/_quarantine or None
         self.count_input = count_input
+        self.stage_id = stage_id or ("read" if count_input else "+".join(t.name for t in self.transforms))
+
+    def _handle_bad(self, bad: pa.Table, what: Any, delta: dict[str, int]) -> None:
+        from slicefeed.transforms import bad_record_error
+
+        if self.on_error == "fail":
+            raise bad_record_error(bad, what)
+        key = "rows_quarantined" if self.on_error == "quarantine" else "rows_skipped"
+        delta[key] = delta.get(key, 0) + bad.num_rows
+        if self.on_error == "quarantine" and self.quarantine is not None:
+            self._quarantine(bad, what if isinstance(what, str) else what.name)
 
     def __call__(self, table: pa.Table) -> pa.Table:
-        from slicefeed.transforms import bad_record_error, split_errors
+        from slicefeed.connectors._readers import RAW_COLUMN
+        from slicefeed.transforms import split_errors
 
+        key = _batch_key(self.stage_id, table) if self.counters is not None else None
         delta: dict[str, int] = {}
         if self.count_input:
             delta["rows_read"] = table.num_rows
+            # Records the reader could not decode (mark_errors=True).
+            table, bad = split_errors(table)
+            if bad.num_rows:
+                self._handle_bad(bad, "read", delta)
+            if RAW_COLUMN in table.column_names:
+                table = table.drop_columns([RAW_COLUMN])
         for i, t in enumerate(self.transforms):
+            if table.num_rows == 0:
+                # A batch emptied by bad records may lack the data columns
+                # (an unreadable file has none); transforms need them.
+                break
             n_in = table.num_rows
             table, bad = split_errors(t(table))
             if bad.num_rows:
-                if self.on_error == "fail":
-                    raise bad_record_error(bad, t)
-                key = "rows_quarantined" if self.on_error == "quarantine" else "rows_skipped"
-                delta[key] = delta.get(key, 0) + bad.num_rows
-                if self.on_error == "quarantine" and self.quarantine is not None:
-                    self._quarantine(bad, t)
-            delta[f"filtered:{t.name}"] = delta.get(f"filtered:{t.name}", 0) + (
-                n_in - table.num_rows - bad.num_rows
-            )
+                self._handle_bad(bad, t, delta)
+            if getattr(t, "reshapes_rows", False):
+                # Packing merges and splits rows: what goes in is not "filtered".
+                for k, v in (("in", n_in - bad.num_rows), ("out", table.num_rows)):
+                    delta[f"reshaped:{t.name}:{k}"] = delta.get(f"reshaped:{t.name}:{k}", 0) + v
+            else:
+                delta[f"filtered:{t.name}"] = delta.get(f"filtered:{t.name}", 0) + (
+                    n_in - table.num_rows - bad.num_rows
+                )
         if self.counters is not None and delta:
-            ray.get(self.counters.add.remote(delta))
+            ray.get(self.counters.add.remote(delta, key))
         return table
 
-    def _quarantine(self, bad: pa.Table, transform: Any) -> None:
+    def _quarantine(self, bad: pa.Table, what: str) -> None:
         import hashlib
 
         import pyarrow.parquet as pq
 
         from slicefeed.transforms import ERROR_COLUMN
 
-        keep = [c for c in (PROVENANCE_FILE, PROVENANCE_ROW, ERROR_COLUMN) if c in bad.column_names]
-        rec = bad.select(keep).append_column("transform", pa.array([transform.name] * bad.num_rows))
+        from slicefeed.connectors._readers import RAW_COLUMN
+
+        # Provenance and reason; for a record the reader could not decode,
+        # also its raw bytes.
+        keep = [c for c in (PROVENANCE_FILE, PROVENANCE_ROW, ERROR_COLUMN, RAW_COLUMN)
+                if c in bad.column_names]
+        rec = bad.select(keep).append_column("transform", pa.array([what] * bad.num_rows, pa.string()))
         # Named by content, so a rerun overwrites rather than duplicates.
         key = hashlib.sha256(repr(rec.select(keep[:2]).to_pydict()).encode()).hexdigest()[:16]
-        out = self.quarantine.join(f"{transform.name}-{key}.parquet")
+        out = self.quarantine.join(f"{what}-{key}.parquet")
         sink = pa.BufferOutputStream()
         pq.write_table(rec, sink)
         out.fs.makedirs(self.quarantine.path, exist_ok=True)
@@ -145,7 +202,11 @@ class _Stage:
 class RunReport:
     """What a run read, wrote and dropped, and how fast.
 
-    ``rows_read == rows_written + rows_filtered + rows_skipped + rows_quarantined``.
+    ``rows_read == rows_written + rows_filtered + rows_skipped + rows_quarantined``
+    when no transform reshapes rows. With packing (``reshaped``), rows before
+    and after it are different units: ``rows_read`` equals the rows filtered,
+    skipped or quarantined before it plus its ``rows_in``, and its ``rows_out``
+    equals ``rows_written`` plus what was removed after it.
     """
 
     name: str
@@ -163,7 +224,14 @@ class RunReport:
     rows_per_s: float
     filtered_by: dict[str, int] = dataclasses.field(default_factory=dict)
     fit_stats: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: Row-reshaping transforms (packing): rows in and rows out of each.
+    reshaped: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    #: Mixtures only: rows taken from each source, its weight and realised fraction.
+    sources: dict[str, Any] = dataclasses.field(default_factory=dict)
     ray_stats: str = ""
+    #: Per source: uri, format, files, bytes (input size), rows_read.
+    sources: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    bytes_read: int = 0
     versions: dict[str, str] = dataclasses.field(default_factory=_versions)
     run_id: str = ""
 
@@ -176,6 +244,8 @@ class RunReport:
             return (f"{self.name}: {self.sink} is already committed with this pipeline's "
                     f"fingerprint ({self.rows_written} rows); nothing to do.")
         dropped = []
+        for tname, r in self.reshaped.items():
+            dropped.append(f"{tname} turned {r.get('rows_in', 0)} rows into {r.get('rows_out', 0)}")
         if self.rows_filtered:
             dropped.append(f"{self.rows_filtered} filtered")
         if self.rows_skipped:
@@ -209,6 +279,8 @@ class Pipeline:
         from slicefeed.transforms import transform_from_spec
 
         seed = int(self.spec["seed"])
+        #: Rows taken from each source of a mixture (``sources:``), once built.
+        self.mixture_counts: dict[str, int] = {}
         self.transforms = [transform_from_spec(item).with_seed(seed) for item in self.spec["transforms"]]
 
     @property
@@ -221,6 +293,14 @@ class Pipeline:
 
     # -- sources --------------------------------------------------------------
 
+    def _mixture_report(self) -> dict[str, Any]:
+        if not self.mixture_counts:
+            return {}
+        from slicefeed.pipelines._mixture import mixture_report
+
+        return mixture_report(self.mixture_counts,
+                              [float(s.get("weight", 1.0)) for s in self._sources()])
+
     def _sources(self) -> list[dict[str, Any]]:
         return [self.spec["source"]] if "source" in self.spec else list(self.spec["sources"])
 
@@ -232,7 +312,10 @@ class Pipeline:
         opts = dict(src.get("options") or {})
         if src["format"] == "dataset":
             return read_dataset(src["uri"], provenance=True, **opts, **self._storage(src))
-        return _READERS[src["format"]](src["uri"], provenance=True, **opts, **self._storage(src))
+        return _READERS[src["format"]](
+            src["uri"], provenance=True, mark_errors=self.spec["on_error"] != "fail",
+            **opts, **self._storage(src),
+        )
 
     def source_schema(self) -> pa.Schema:
         """Schema of the (first) source, read from one file's metadata, without Ray."""
@@ -245,7 +328,28 @@ class Pipeline:
             return schema.append(pa.field(PROVENANCE_FILE, pa.string())).append(
                 pa.field(PROVENANCE_ROW, pa.int64()))
         return peek_schema(src["format"], src["uri"], columns=opts.get("columns"),
-                           provenance=True, **self._storage(src))
+                           provenance=True, mark_errors=self.spec["on_error"] != "fail",
+                           **self._storage(src))
+
+    def _source_sizes(self) -> list[dict[str, Any]]:
+        """uri, format, file count and input bytes of each source (for the report)."""
+        from slicefeed.connectors import expand_paths
+
+        out = []
+        for src in self._sources():
+            entry: dict[str, Any] = {"uri": src["uri"], "format": src["format"], "files": 0, "bytes": 0}
+            try:
+                if src["format"] == "dataset":
+                    m = read_manifest(src["uri"], **self._storage(src))
+                    entry.update(files=len(m.files), bytes=m.num_bytes)
+                else:
+                    r = resolve_filesystem(src["uri"], **self._storage(src))
+                    paths = expand_paths(r)
+                    entry.update(files=len(paths), bytes=int(sum(r.fs.size(p) or 0 for p in paths)))
+            except (OSError, ValueError):  # informative only
+                pass
+            out.append(entry)
+        return out
 
     def check(self) -> pa.Schema:
         """Checks the transforms against the source schema; returns the output schema.
@@ -269,18 +373,29 @@ class Pipeline:
         if len(srcs) == 1:
             ds = self._read_source(srcs[0])
         else:
-            raise SpecError(f"{self.source_name}: `sources` (mixtures) are not supported yet.")
+            from slicefeed.pipelines._mixture import interleave
+
+            names = [str(s.get("name", i)) for i, s in enumerate(srcs)]
+            ds, self.mixture_counts = interleave(
+                {n: self._read_source(s) for n, s in zip(names, srcs)},
+                [float(s.get("weight", 1.0)) for s in srcs],
+                seed=int(self.spec["seed"]),
+            )
         on_error = self.spec["on_error"]
         ds = ds.map_batches(
-            _Stage([], on_error=on_error, counters=counters, count_input=True),
+            _Stage([], on_error=on_error, counters=counters, quarantine=quarantine,
+                   count_input=True),
             batch_format="pyarrow", zero_copy_batch=True,
         )
         group: list[Any] = []
+        n_stages = [0]
 
         def flush(ds: ray.data.Dataset) -> ray.data.Dataset:
             if group:
+                n_stages[0] += 1
                 ds = ds.map_batches(
-                    _Stage(list(group), on_error=on_error, counters=counters, quarantine=quarantine),
+                    _Stage(list(group), on_error=on_error, counters=counters, quarantine=quarantine,
+                           stage_id=f"{n_stages[0]}:" + "+".join(t.name for t in group)),
                     batch_format="pyarrow", zero_copy_batch=True,
                 )
                 group.clear()
@@ -321,6 +436,11 @@ class Pipeline:
             ds = ds.map_batches(_drop_provenance, batch_format="pyarrow", zero_copy_batch=True)
         # Same input, seed and plan -> the same rows in the same order (DESIGN.md #3).
         ds.context.execution_options.preserve_order = True
+        placement = (self.spec.get("placement") or {}).get("preprocess_on")
+        if placement:
+            from slicefeed.pipelines._placement import apply_placement
+
+            apply_placement(ds.context, placement)
         return ds
 
     # -- batch run -------------------------------------------------------------------
@@ -365,6 +485,10 @@ class Pipeline:
         fitted = self._fitted()
         counters = _Counters.remote()
         quarantine = target.join(QUARANTINE_DIR) if self.spec["on_error"] == "quarantine" else None
+        # What a crashed or replaced run left beside the data must not be
+        # mistaken for this run's: its quarantine and its report go first.
+        _remove(target.join(QUARANTINE_DIR), recursive=True)
+        _remove(target.join(REPORT_NAME))
         ds = self.dataset(_counters=counters, _quarantine=quarantine, _fitted=fitted)
         fit_stats = {f"{i}:{t.name}": t.stats() for i, t in enumerate(fitted) if t.stats()}
         max_frac = float(self.spec["max_error_fraction"])
@@ -388,24 +512,48 @@ class Pipeline:
         wall = time.perf_counter() - t0
         c = ray.get(counters.get.remote())
         ray.kill(counters)
+        sources = self._source_sizes()
+        if len(sources) == 1:
+            sources[0]["rows_read"] = c.get("rows_read", 0)
         skipped, quarantined = c.get("rows_skipped", 0), c.get("rows_quarantined", 0)
         filtered_by = {k.split(":", 1)[1]: v for k, v in c.items() if k.startswith("filtered:") and v}
+        reshaped: dict[str, dict[str, int]] = {}
+        for k, v in c.items():
+            if k.startswith("reshaped:"):
+                _, tname, io = k.split(":")
+                reshaped.setdefault(tname, {})[f"rows_{io}"] = v
         read = c.get("rows_read", 0)
         report = RunReport(
             name=self.name, status="committed", sink=target.uri, fingerprint=fp,
             rows_read=read, rows_written=manifest.num_rows,
             # Rows removed by dataset-level ops (deduplicate) are not seen by the
             # stages, so "filtered" is what is left once the rest is accounted for.
-            rows_filtered=read - manifest.num_rows - skipped - quarantined,
+            rows_filtered=(
+                read - manifest.num_rows - skipped - quarantined if not reshaped
+                # With packing, rows before and after it are different units:
+                # count what each transform removed instead.
+                else sum(filtered_by.values())
+            ),
+            reshaped=reshaped,
             rows_skipped=skipped, rows_quarantined=quarantined,
             files=len(manifest.files), bytes_written=manifest.num_bytes, wall_s=wall,
             rows_per_s=read / wall if wall > 0 else 0.0, filtered_by=filtered_by,
+            sources=self._mixture_report(),
             fit_stats=fit_stats, ray_stats=_ray_stats(ds),
+            sources=sources, bytes_read=sum(src["bytes"] for src in sources),
             run_id=manifest.metadata.get("run_id", ""),
         )
         out = target.join(REPORT_NAME)
         out.fs.pipe_file(out.path, json.dumps(report.to_dict(), indent=2, default=str).encode())
         return report
+
+
+def _remove(path: Any, *, recursive: bool = False) -> None:
+    try:
+        if path.fs.exists(path.path):
+            path.fs.rm(path.path, recursive=recursive)
+    except FileNotFoundError:
+        pass
 
 
 def _ray_stats(ds: ray.data.Dataset) -> str:

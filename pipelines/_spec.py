@@ -4,7 +4,8 @@ A spec::
 
     name: text-demo                 # required
     seed: 0                         # randomness of seeded transforms
-    source:                         # required (or `sources:` for a mixture)
+    source:                         # required (or `sources:`, a weighted mixture:
+                                    #   [{name, format, uri, weight}, ...])
       format: jsonl                 # parquet | jsonl | csv | text | dataset
       uri: gs://bucket/raw/*.jsonl
       options: {columns: [text]}    # reader options
@@ -17,6 +18,8 @@ A spec::
       options: {compression: zstd}
     on_error: fail                  # fail | skip | quarantine
     max_error_fraction: 0.0
+    placement:
+      preprocess_on: any            # any | cpu_only (keep Ray Data off TPU hosts)
 
 The structure is checked with JSON Schema (the ``jsonschema`` library);
 errors are rewritten to name the key path, what was found and the allowed
@@ -68,6 +71,7 @@ _SOURCE = {
         "uri": {"type": "string", "minLength": 1},
         "options": {"type": "object"},
         "weight": {"type": "number", "exclusiveMinimum": 0},
+        "name": {"type": "string", "minLength": 1},
         "storage": {"type": "object", "additionalProperties": False, "properties": _STORAGE},
     },
 }
@@ -99,7 +103,11 @@ SCHEMA: dict[str, Any] = {
         },
         "on_error": {"enum": list(ON_ERROR)},
         "max_error_fraction": {"type": "number", "minimum": 0, "maximum": 1},
-        "placement": {"type": "object"},
+        "placement": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {"preprocess_on": {"enum": ["cpu_only", "any"]}},
+        },
     },
 }
 

@@ -126,7 +126,7 @@ _KILLED_WRITER = textwrap.dedent(
 )
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(400)
 def test_killed_writer_leaves_no_manifest_then_rerun_commits(ray_cluster, base_uri, tmp_path):
     flag = str(tmp_path / "started")
     script = tmp_path / "writer.py"

@@ -149,3 +149,40 @@ def test_missing_key_file_error_does_not_echo_the_path(tmp_path):
         resolve_filesystem("gs://some-bucket/x", credentials=str(path))
     assert "gs://some-bucket/x" in str(e.value)
     _assert_clean(_full_error_text(e.value), [str(path), "missing-key-5f4e"], "the error")
+
+
+@pytest.mark.timeout(300)
+def test_pipeline_run_with_key_keeps_it_out_of_report_manifest_quarantine(
+    ray_cluster, gcs, bucket, key_file, caplog
+):
+    from slicefeed.pipelines import Pipeline
+
+    path, secrets = key_file
+    caplog.set_level(logging.DEBUG)
+    raw = resolve_filesystem(f"gs://{bucket}/raw/a.jsonl")
+    raw.fs.pipe_file(raw.path, b'{"id": 1, "text": "a"}\n{"id": 2, "te\n{"id": 3, "text": "c"}\n')
+    storage = {"credentials": path}
+    spec = {
+        "name": "secret-run",
+        "source": {"format": "jsonl", "uri": f"gs://{bucket}/raw", "storage": storage},
+        "sink": {"format": "parquet", "uri": f"gs://{bucket}/out", "storage": storage},
+        "on_error": "quarantine",
+        "max_error_fraction": 0.5,
+    }
+    report = Pipeline(spec).run()
+    assert (report.rows_written, report.rows_quarantined) == (2, 1)
+    _assert_clean(json.dumps(report.to_dict(), default=str), secrets, "the run report")
+    out = resolve_filesystem(f"gs://{bucket}/out")
+    out.fs.invalidate_cache()
+    written = out.fs.find(out.path)
+    assert any(p.endswith("_report.json") for p in written)
+    assert any(p.endswith("_manifest.json") for p in written)
+    assert any("/_quarantine/" in p for p in written)
+    for p in written:  # report, manifest, quarantine, shards
+        _assert_clean(p + out.fs.cat_file(p).decode("latin-1"), secrets, f"object {p}")
+    _assert_clean(caplog.text, secrets, "logs")
+    # A failing run: the error names the object, not the key.
+    with pytest.raises(Exception) as e:
+        Pipeline({**spec, "on_error": "fail", "sink": {**spec["sink"], "uri": f"gs://{bucket}/o2"}}).run()
+    assert "a.jsonl" in str(e.value)
+    _assert_clean(_full_error_text(e.value), secrets, "the failed run's error")

@@ -53,13 +53,15 @@ def test_demo_runs_and_is_idempotent(tmp_path):
     r = slicefeed("demo", "--dir", out_dir, "--rows", "2000")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "demo: wrote 2000 JSONL documents in 4 files" in r.stdout
-    assert "slicefeed-demo: read 2000 rows, wrote" in r.stdout and "rows/s" in r.stdout
+    assert "text-lm: read 2000 rows, wrote" in r.stdout and "rows/s" in r.stdout
     assert os.path.exists(os.path.join(out_dir, "out", "_manifest.json"))
     r = slicefeed("inspect", os.path.join(out_dir, "out"), "--json")
     assert r.returncode == 0, r.stderr
     info = json.loads(r.stdout)
     assert info["kind"] == "committed slicefeed dataset" and info["num_rows"] > 0
-    assert info["schema"] == {"id": "int32", "n_words": "int32", "text": "string"}
+    assert info["schema"] == {
+        c: "fixed_size_list<item: int32>[2048]" for c in ("tokens", "segment_ids", "positions")
+    }
 
 
 @pytest.mark.timeout(600)

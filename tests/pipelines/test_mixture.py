@@ -109,3 +109,30 @@ def test_interleave_errors(sources, ray_cluster):
     narrow = web.select_columns(["v", PROVENANCE_FILE, PROVENANCE_ROW])
     with pytest.raises(SpecError, match=r"interleave: source '1' has columns v: int64.*need the same schema"):
         interleave([web, narrow], [1, 1])
+
+
+def test_pipeline_sources_mixture_reports_per_source_counts(sources, ray_cluster, local_dir):
+    import os
+
+    from slicefeed.connectors import read_dataset
+    from slicefeed.pipelines import Pipeline
+
+    names = list(sources)
+    spec = {
+        "name": "mix",
+        "seed": 3,
+        "sources": [
+            {"name": n, "format": "jsonl", "uri": sources[n], "weight": w}
+            for n, w in zip(names, [2, 1, 1])
+        ],
+        "sink": {"format": "parquet", "uri": os.path.join(local_dir, "mixed")},
+    }
+    report = Pipeline(spec).run()
+    assert set(report.sources) == set(names)
+    assert sum(v["rows"] for v in report.sources.values()) == report.rows_written
+    assert report.rows_read == report.rows_written
+    assert {n: v["rows"] for n, v in report.sources.items()} == {"web": 40, "code": 20, "books": 20}
+    again = Pipeline({**spec, "sink": {"format": "parquet", "uri": os.path.join(local_dir, "mixed2")}}).run()
+    a = [r for r in read_dataset(os.path.join(local_dir, "mixed")).iter_rows()]
+    b = [r for r in read_dataset(os.path.join(local_dir, "mixed2")).iter_rows()]
+    assert a == b and again.sources == report.sources

@@ -144,3 +144,17 @@ def test_run_without_sink_is_a_spec_error(base_uri):
     del spec["sink"]
     with pytest.raises(SpecError, match="missing required key 'sink'"):
         Pipeline(spec).run()
+
+
+def test_placement_option_constrains_the_whole_execution(ray_cluster, base_uri):
+    from slicefeed.pipelines import placement_label_selector
+
+    _corpus(base_uri)
+    ds = Pipeline(_spec(base_uri, placement={"preprocess_on": "cpu_only"})).dataset()
+    assert ds.context.execution_options.label_selector == placement_label_selector("cpu_only")
+    # On this CPU-only cluster every node qualifies, so the job still runs.
+    assert ds.count() == 25
+    ds = Pipeline(_spec(base_uri, placement={"preprocess_on": "any"})).dataset()
+    assert not ds.context.execution_options.label_selector
+    with pytest.raises(SpecError, match=r"placement.preprocess_on is 'tpu'; allowed values: cpu_only, any"):
+        Pipeline(_spec(base_uri, placement={"preprocess_on": "tpu"}))

@@ -169,3 +169,24 @@ def test_tabular_recipe(local_dir, ray_cluster):
     assert stats["std"]["income"] == pytest.approx(np.std(incomes), rel=1e-6)
     assert read_manifest(sink).metadata["fit_stats"] == json.loads(json.dumps(report.fit_stats))
     assert out.column("city_bucket").null_count == 0
+
+
+def test_text_recipe_report_counts_packing_not_as_filtered(ray_cluster, local_dir):
+    import json
+    import os
+
+    from slicefeed.pipelines import load_pipeline
+    from slicefeed.pipelines.recipes import recipe_path
+
+    raw = os.path.join(local_dir, "raw")
+    os.makedirs(raw)
+    with open(os.path.join(raw, "a.jsonl"), "w") as f:
+        for i in range(40):
+            f.write(json.dumps({"text": "word " * (i + 1)}) + "\n")
+    p = load_pipeline(recipe_path("text_lm"), [f"source.uri={raw}",
+                                              f"sink.uri={os.path.join(local_dir, 'out')}"])
+    r = p.run()
+    assert r.rows_filtered == 0 and r.rows_quarantined == 0
+    assert r.reshaped["pack_sequences"]["rows_in"] == r.rows_read == 40
+    assert r.reshaped["pack_sequences"]["rows_out"] == r.rows_written >= 1
+    assert "pack_sequences turned 40 rows into" in r.summary()

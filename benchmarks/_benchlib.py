@@ -1,0 +1,326 @@
+"""Shared pieces of the loader benchmarks: dataset, environment, consumer, validation.
+
+Not part of the installed package (DESIGN.md: benchmarks live outside it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from typing import Any, Iterable
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DATA_DIR = os.path.join(HERE, "_data")
+
+SEQ_LEN = 2048
+VOCAB = 50257
+# tokens (fixed_size_list<int32>[2048]) + doc_id int64 + length int32 + loss_weight float32
+ROW_BYTES = SEQ_LEN * 4 + 8 + 4 + 4
+COLUMNS = ("tokens", "doc_id", "length", "loss_weight")
+
+
+def process_env(device_count: int = 8) -> dict[str, str]:
+    """Environment for benchmark child processes (set before jax/ray import)."""
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={device_count}"
+    env["JAX_PLATFORMS"] = "cpu"
+    env.setdefault("RAY_AUTH_MODE", "disabled")  # DESIGN.md: Ray 2.60 token auth
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    env.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    env.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
+    env.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return env
+
+
+# --------------------------------------------------------------------------- dataset
+
+
+def dataset_dir(rows: int, files: int, row_group: int) -> str:
+    return os.path.join(DATA_DIR, f"lm-r{rows}-f{files}-g{row_group}")
+
+
+def ensure_dataset(rows: int, files: int, row_group: int, *, log=print) -> dict:
+    """Writes (once) ``files`` Parquet files of LM rows plus a slicefeed manifest over them.
+
+    Returns the dataset description: dir, files, rows, expected checksums, bytes.
+    The same Parquet files are read by every case; the ``_manifest.json`` makes
+    the directory a committed slicefeed dataset (JaxLoader reads it by URI).
+    """
+    import hashlib
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    d = dataset_dir(rows, files, row_group)
+    meta_path = os.path.join(d, "bench_meta.json")
+    if os.path.exists(meta_path) and os.path.exists(os.path.join(d, "_manifest.json")):
+        with open(meta_path) as f:
+            return json.load(f)
+    if rows % files:
+        raise SystemExit(f"--rows ({rows}) must be a multiple of --files ({files}).")
+    os.makedirs(d, exist_ok=True)
+    t0 = time.perf_counter()
+    per_file = rows // files
+    schema = pa.schema(
+        [
+            ("tokens", pa.list_(pa.int32(), SEQ_LEN)),
+            ("doc_id", pa.int64()),
+            ("length", pa.int32()),
+            ("loss_weight", pa.float32()),
+        ]
+    )
+    tok_sum = 0
+    doc_sum = 0
+    manifest_files = []
+    paths = []
+    for i in range(files):
+        rng = np.random.default_rng([1234, i])
+        # Uniform ids below a GPT-2-sized vocabulary (high bytes zero, as in real data).
+        toks = rng.integers(0, VOCAB, size=(per_file, SEQ_LEN), dtype=np.int32)
+        doc = np.arange(i * per_file, (i + 1) * per_file, dtype=np.int64)
+        length = rng.integers(1, SEQ_LEN + 1, per_file, dtype=np.int32)
+        weight = rng.random(per_file, dtype=np.float32)
+        tokens = pa.FixedSizeListArray.from_arrays(pa.array(toks.reshape(-1)), SEQ_LEN)
+        table = pa.table(
+            [tokens, pa.array(doc), pa.array(length), pa.array(weight)], schema=schema
+        )
+        name = f"part-{i:05d}.parquet"
+        path = os.path.join(d, name)
+        pq.write_table(table, path, row_group_size=row_group)
+        tok_sum += int(toks.sum(dtype=np.int64))
+        doc_sum += int(doc.sum())
+        with open(path, "rb") as f:
+            data = f.read()
+        manifest_files.append((name, per_file, len(data), hashlib.sha256(data).hexdigest()))
+        paths.append(path)
+    from slicefeed.connectors import Manifest, ManifestFile
+
+    m = Manifest(
+        files=tuple(ManifestFile(*x) for x in manifest_files),
+        schema=schema,
+        metadata={"generator": "benchmarks/_benchlib.py"},
+    )
+    with open(os.path.join(d, "_manifest.json"), "w") as f:
+        f.write(m.to_json())
+    meta = {
+        "dir": d,
+        "files": paths,
+        "rows": rows,
+        "row_group": row_group,
+        "row_bytes": ROW_BYTES,
+        "file_bytes": sum(x[2] for x in manifest_files),
+        "token_sum": tok_sum,
+        "token_count": rows * SEQ_LEN,
+        "doc_id_sum": doc_sum,
+    }
+    with open(meta_path, "w") as f:
+        json.dump(meta, f, indent=1)
+    log(f"wrote {d} ({meta['file_bytes'] / 1e6:.0f} MB) in {time.perf_counter() - t0:.1f} s")
+    return meta
+
+
+def warm_page_cache(paths: Iterable[str]) -> None:
+    """Reads every file once so no case pays the cold-disk read alone."""
+    for p in paths:
+        with open(p, "rb") as f:
+            while f.read(16 << 20):
+                pass
+
+
+# --------------------------------------------------------------------------- consuming
+
+
+class Consumer:
+    """Consumes batches like a training loop: waits for each batch to be ready, then
+    checksums what this host received (tokens: int64 sum and count; doc_id sum).
+
+    JAX arrays are checked per addressable shard (a NumPy view of the device
+    buffer on CPU, no gather), so every case pays the same per-byte cost.
+    """
+
+    def __init__(self, batch_rows: int):
+        self.batch_rows = batch_rows
+        self.times: list[float] = []
+        self.rows: list[int] = []
+        self.tok_sum = 0
+        self.tok_count = 0
+        self.doc_sum = 0
+        self.check_s = 0.0
+        self.errors: list[str] = []
+
+    def _sum(self, a, key: str):
+        import numpy as np
+
+        if isinstance(a, np.ndarray):
+            parts = [a]
+        else:
+            parts = [np.asarray(s.data) for s in a.addressable_shards]
+        total = 0
+        count = 0
+        for p in parts:
+            total += int(p.sum(dtype=np.int64))
+            count += p.size
+        return total, count, sum(len(p) for p in parts)
+
+    def __call__(self, batch: dict[str, Any]) -> None:
+        import numpy as np
+
+        if not isinstance(batch, dict) or "tokens" not in batch:
+            self.errors.append(f"batch is not a dict with 'tokens': {type(batch).__name__}")
+            return
+        tok = batch["tokens"]
+        if not isinstance(tok, np.ndarray):
+            import jax
+
+            jax.block_until_ready(batch)
+        t = time.perf_counter()
+        if tuple(tok.shape[1:]) != (SEQ_LEN,) or np.dtype(tok.dtype) != np.int32:
+            self.errors.append(f"tokens has shape {tok.shape} dtype {tok.dtype}")
+        missing = [c for c in COLUMNS if c not in batch]
+        if missing:
+            self.errors.append(f"batch lacks columns {missing}")
+        s, c, local_rows = self._sum(tok, "tokens")
+        d, _, _ = self._sum(batch["doc_id"], "doc_id") if "doc_id" in batch else (0, 0, 0)
+        self.tok_sum += s
+        self.tok_count += c
+        self.doc_sum += d
+        self.rows.append(local_rows)
+        now = time.perf_counter()
+        self.check_s += now - t
+        self.times.append(now)
+
+    def summary(self, t_start: float, warmup_frac: float = 0.1, min_warmup: int = 2) -> dict:
+        """Steady-state rate: batches after the warm-up ones (the first
+        ``max(min_warmup, ceil(warmup_frac * batches))``), from the arrival of the
+        last warm-up batch to the arrival of the last batch."""
+        n = len(self.times)
+        w = max(min_warmup, -(-int(warmup_frac * n * 1000) // 1000))
+        out = {
+            "batches": n,
+            "rows": sum(self.rows),
+            "token_sum": self.tok_sum,
+            "token_count": self.tok_count,
+            "doc_id_sum": self.doc_sum,
+            "time_to_first_batch_s": (self.times[0] - t_start) if n else None,
+            "wall_s": (self.times[-1] - t_start) if n else None,
+            "check_s": self.check_s,
+            "warmup_batches": w,
+            "errors": self.errors[:5],
+        }
+        if n > w:
+            dt = self.times[-1] - self.times[w - 1]
+            rows = sum(self.rows[w:])
+            out["steady_rows"] = rows
+            out["steady_s"] = dt
+            out["rows_per_s"] = rows / dt if dt > 0 else float("inf")
+            out["bytes_per_s"] = out["rows_per_s"] * ROW_BYTES
+        else:
+            out["rows_per_s"] = None
+            out["bytes_per_s"] = None
+            self.errors.append(f"only {n} batches: not enough for warm-up {w} + steady state")
+        return out
+
+
+def peak_rss_self_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+class TreeRSSSampler:
+    """Samples the summed RSS of a process and its descendants (Ray workers too)."""
+
+    def __init__(self, pid: int, interval: float = 0.2):
+        import threading
+
+        self.pid = pid
+        self.interval = interval
+        self.peak = 0
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self):
+        try:
+            import psutil
+        except ImportError:  # pragma: no cover
+            return
+        try:
+            root = psutil.Process(self.pid)
+        except psutil.Error:
+            return
+        while not self._stop.is_set():
+            total = 0
+            try:
+                procs = [root] + root.children(recursive=True)
+            except psutil.Error:
+                break
+            for p in procs:
+                try:
+                    total += p.memory_info().rss
+                except psutil.Error:
+                    pass
+            self.peak = max(self.peak, total)
+            self._stop.wait(self.interval)
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._t.join(timeout=2)
+        return self.peak / (1 << 20)
+
+
+def machine_info() -> dict:
+    info: dict[str, Any] = {
+        "nproc": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+    }
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    info["cpu"] = line.split(":", 1)[1].strip()
+                    break
+        with open("/proc/meminfo") as f:
+            info["ram_gb"] = round(int(f.readline().split()[1]) / (1 << 20), 1)
+        info["loadavg_start"] = os.getloadavg()
+    except OSError:
+        pass
+    vers = {}
+    for mod in ("jax", "jaxlib", "ray", "pyarrow", "numpy", "grain"):
+        try:
+            out = subprocess.run(
+                [sys.executable, "-c", f"import importlib.metadata as m; print(m.version({mod!r}))"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            vers[mod] = out.stdout.strip() or None
+        except Exception:  # noqa: BLE001
+            vers[mod] = None
+    info["versions"] = vers
+    return info
+
+
+def validate(res: dict, meta: dict, expected_rows: int) -> list[str]:
+    """Problems with a case's delivered content (empty list: valid)."""
+    problems = list(res.get("errors") or [])
+    if res.get("rows") != expected_rows:
+        problems.append(f"delivered {res.get('rows')} rows, expected {expected_rows}")
+    if expected_rows == meta["rows"]:
+        if res.get("token_sum") != meta["token_sum"] or res.get("token_count") != meta[
+            "token_count"
+        ]:
+            problems.append(
+                f"token checksum {res.get('token_sum')}/{res.get('token_count')} != expected "
+                f"{meta['token_sum']}/{meta['token_count']}"
+            )
+        if res.get("doc_id_sum") != meta["doc_id_sum"]:
+            problems.append(f"doc_id sum {res.get('doc_id_sum')} != {meta['doc_id_sum']}")
+    return problems

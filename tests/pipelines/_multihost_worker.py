@@ -1,0 +1,95 @@
+"""One simulated host of a 2-host slice: jax.distributed (gloo) + JaxLoader.
+
+argv[1]: JSON {"coordinator", "process_id", "num_processes", "address" (Ray GCS),
+"uri" (committed dataset), "sizes" (rows of each host's own Dataset), "out"}.
+Writes a JSON report to ``out``: for each case, per epoch, the ids this host
+delivered (mask applied), steps, stats, and the jitted global sums.
+"""
+
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]
+
+from _harness import configure_process_env  # noqa: E402
+
+configure_process_env()
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def local_rows(arr):
+    """This host's rows of a global batch array, in global order."""
+    shards = sorted(arr.addressable_shards, key=lambda s: s.index[0].start or 0)
+    seen, out = set(), []
+    for s in shards:
+        start = s.index[0].start or 0
+        if start not in seen:
+            seen.add(start)
+            out.append(np.asarray(s.data))
+    return np.concatenate(out)
+
+
+def main():
+    cfg = json.loads(sys.argv[1])
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(
+        cfg["coordinator"], num_processes=cfg["num_processes"], process_id=cfg["process_id"]
+    )
+    import jax.numpy as jnp
+    import ray
+    from _data import make_table
+
+    from slicefeed.pipelines import JaxLoader
+
+    assert jax.device_count() == 8 and jax.local_device_count() == 4
+    ray.init(address=cfg["address"], log_to_driver=False, configure_logging=False)
+    h = jax.process_index()
+    sizes = cfg["sizes"]
+    start = sum(sizes[:h])
+    own = ray.data.from_arrow(make_table(start, sizes[h]))
+
+    @jax.jit
+    def step(batch):
+        w = batch["mask"] if "mask" in batch else jnp.ones_like(batch["id"], dtype=bool)
+        return jnp.sum(jnp.where(w, batch["id"], 0)), jnp.sum(w)
+
+    cases = {
+        "uri-pad": (cfg["uri"], "pad"),
+        "uri-drop": (cfg["uri"], "drop"),
+        "known-pad": (own, "pad"),
+        "known-drop": (own, "drop"),
+        "unknown-pad": (own.map_batches(lambda b: b, batch_format="pyarrow"), "pad"),
+        "unknown-drop": (own.map_batches(lambda b: b, batch_format="pyarrow"), "drop"),
+    }
+    report = {}
+    for name, (src, remainder) in cases.items():
+        loader = JaxLoader(src, global_batch_size=16, remainder=remainder, num_epochs=2)
+        epochs = {}
+        sums = []
+        for batch in loader:
+            sd = loader.state_dict()
+            ids = local_rows(batch["id"])
+            if "mask" in batch:
+                ids = ids[local_rows(batch["mask"])]
+            total, rows = step(batch)
+            sums.append([int(total), int(rows)])
+            # state points at the next batch; the batch just received is one before it
+            e = sd["epoch"] if sd["step"] > 0 else sd["epoch"] - 1
+            epochs.setdefault(str(e), []).append(ids.tolist())
+        report[name] = {
+            "steps_per_epoch": loader.steps_per_epoch,
+            "epochs": epochs,
+            "sums": sums,
+            "stats": loader.stats(),
+        }
+    with open(cfg["out"], "w") as f:
+        json.dump(report, f)
+    jax.distributed.shutdown()
+
+
+if __name__ == "__main__":
+    main()

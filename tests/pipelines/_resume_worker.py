@@ -1,0 +1,31 @@
+"""Subprocess: resume a JaxLoader from a saved state and print the batch digests.
+
+argv[1]: JSON {"address": Ray GCS address, "uri": dataset, "kwargs": {...}, "state": {...}}
+"""
+
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]
+
+from _harness import configure_process_env  # noqa: E402
+
+configure_process_env()
+
+import ray  # noqa: E402
+from _conformance import digests  # noqa: E402
+
+from slicefeed.pipelines import JaxLoader  # noqa: E402
+
+
+def main():
+    cfg = json.loads(sys.argv[1])
+    ray.init(address=cfg["address"], log_to_driver=False, configure_logging=False)
+    loader = JaxLoader(cfg["uri"], state=cfg["state"], **cfg["kwargs"])
+    print("DIGESTS " + json.dumps(digests(loader)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

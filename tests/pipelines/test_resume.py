@@ -1,0 +1,221 @@
+"""Crash and resume: a killed run never looks committed; a rerun finishes the job.
+
+- ``slicefeed run`` (the real CLI, its own driver process on the session's
+  Ray cluster, as on a KubeRay head) is SIGKILLed while shards are being written; no manifest is ever visible;
+  the rerun commits a dataset whose manifest (row counts and checksums) is
+  identical to an uninterrupted run's.
+- Reruns are idempotent: same fingerprint -> exit 0 "already committed",
+  nothing recomputed; a different fingerprint is refused (exit 2) unless
+  ``--overwrite``.
+- A Ray worker process SIGKILLed mid-job: Ray retries its task, the job
+  completes with the right rows and counts that still add up.
+
+A test-only transform (tests/pipelines/_stall_transform.py) stalls one batch
+so the kill lands mid-job; it stalls once only (a marker file), so reruns and
+retries run straight through with the same spec and fingerprint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import yaml
+
+from slicefeed.connectors import is_committed, read_manifest, resolve_filesystem
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+N_FILES, ROWS = 20, 20
+
+_CLI = (
+    "import sys; sys.path.insert(0, {here!r}); import _stall_transform; "
+    "from slicefeed.pipelines._cli import main; sys.exit(main(sys.argv[1:]))"
+)
+
+
+def _corpus(raw: str) -> None:
+    os.makedirs(raw, exist_ok=True)
+    for f in range(N_FILES):
+        with open(os.path.join(raw, f"f{f:02d}.jsonl"), "w") as fh:
+            for i in range(ROWS):
+                fh.write(json.dumps({"id": f * ROWS + i, "text": f"doc {f}-{i} " * 3}) + "\n")
+
+
+def _spec(tmp_path, marker: str, match: str, seconds: float) -> str:
+    raw = str(tmp_path / "raw data")
+    _corpus(raw)
+    spec = {
+        "name": "resume",
+        "source": {"format": "jsonl", "uri": raw},
+        "transforms": [
+            {"test_stall": {"marker": marker, "match": match, "seconds": seconds}},
+            {"cast": {"columns": {"id": "int32"}}},
+        ],
+        "sink": {"format": "parquet", "uri": str(tmp_path / "out set")},
+    }
+    path = tmp_path / "resume.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return str(path)
+
+
+def _cli(args: list[str], **popen) -> subprocess.Popen:
+    """``slicefeed ARGS`` as its own driver process on the session's Ray cluster."""
+    import ray
+
+    env = dict(os.environ)
+    env["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+    return subprocess.Popen(
+        [sys.executable, "-c", _CLI.format(here=HERE), *args],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True, **popen,
+    )
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 180) -> tuple[int, str, str]:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"slicefeed run did not finish in {timeout} s:\n{out}\n{err}")
+    return proc.returncode, out, err
+
+
+def _ids(sink: str) -> list[int]:
+    """The ``id`` column of the committed dataset, read with pyarrow from its manifest."""
+    import pyarrow.parquet as pq
+
+    m = read_manifest(sink)
+    return sorted(i for f in m.files for i in pq.read_table(os.path.join(sink, f.path))["id"].to_pylist())
+
+
+def _files(m) -> list[tuple[int, str]]:
+    return sorted((f.num_rows, f.sha256) for f in m.files)
+
+
+def _shards(uri: str) -> list[str]:
+    return sorted(n for n in os.listdir(uri) if n.startswith("part-")) if os.path.isdir(uri) else []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_sigkill_mid_write_then_rerun_commits_identical_dataset(ray_cluster, tmp_path):
+    marker = str(tmp_path / "stalled")
+    spec = _spec(tmp_path, marker, match="f15", seconds=300)
+    sink = str(tmp_path / "out set")
+    ref_sink = str(tmp_path / "reference")
+
+    proc = _cli(["run", spec])
+    try:
+        deadline = time.monotonic() + 240
+        while not (os.path.exists(marker) and _shards(sink)):
+            assert proc.poll() is None, f"run ended before the kill: {proc.communicate()}"
+            assert not is_committed(sink), "a manifest appeared while the job was running"
+            assert time.monotonic() < deadline, "the run never reached the stall"
+            time.sleep(0.2)
+        for _ in range(10):  # other tasks keep writing shards meanwhile
+            assert not is_committed(sink), "a manifest appeared while the job was running"
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    assert _shards(sink), "the kill did not land mid-write"
+    assert not is_committed(sink)
+
+    # The reference: the same pipeline, uninterrupted (the stall is spent).
+    rc, out, err = _finish(_cli(["run", spec, "--set", f"sink.uri={ref_sink}"]))
+    assert rc == 0, err
+    reference = read_manifest(ref_sink)
+    assert reference.num_rows == N_FILES * ROWS
+
+    # The rerun finishes the job: identical manifest, strays gone.
+    rc, out, err = _finish(_cli(["run", spec]))
+    assert rc == 0, err
+    m = read_manifest(sink)
+    assert m.fingerprint == reference.fingerprint
+    assert m.num_rows == reference.num_rows == N_FILES * ROWS
+    assert _files(m) == _files(reference)
+    assert _shards(sink) == sorted(f.path for f in m.files)
+    assert _ids(sink) == list(range(N_FILES * ROWS))
+    report = json.loads(open(os.path.join(sink, "_report.json")).read())
+    assert report["rows_read"] == report["rows_written"] == N_FILES * ROWS
+
+    # Same fingerprint again: exit 0, nothing recomputed.
+    rc, out, err = _finish(_cli(["run", spec]))
+    assert rc == 0, err
+    assert "already committed" in out
+    assert read_manifest(sink).metadata["run_id"] == m.metadata["run_id"]
+
+    # Another fingerprint: refused unless --overwrite.
+    rc, out, err = _finish(_cli(["run", spec, "--set", "seed=7"]))
+    assert rc == 2
+    assert "already holds a committed dataset written by another pipeline" in err
+    assert "--overwrite" in err
+    assert read_manifest(sink).metadata["run_id"] == m.metadata["run_id"]
+    rc, out, err = _finish(_cli(["run", spec, "--set", "seed=7", "--overwrite"]))
+    assert rc == 0, err
+    assert read_manifest(sink).fingerprint != m.fingerprint
+
+
+def _descendant_of_us(pid: int) -> bool:
+    me = os.getpid()
+    for _ in range(20):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+        if ppid == me:
+            return True
+        if ppid <= 1:
+            return False
+        pid = ppid
+    return False
+
+
+@pytest.mark.timeout(300)
+def test_worker_killed_mid_job_still_completes(ray_cluster, tmp_path):
+    import _stall_transform  # noqa: F401 - registers test_stall
+
+    from slicefeed.pipelines import Pipeline
+
+    marker = str(tmp_path / "stalled")
+    with open(_spec(tmp_path, marker, match="f07", seconds=120)) as f:
+        spec = yaml.safe_load(f)
+    result: dict = {}
+
+    def run():
+        try:
+            result["report"] = Pipeline(spec).run()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the test thread
+            result["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 120
+    while not os.path.exists(marker):
+        assert t.is_alive(), f"run ended before the kill: {result}"
+        assert time.monotonic() < deadline, "the run never reached the stall"
+        time.sleep(0.2)
+    pid = int(open(marker).read())
+    # Only ever kill a worker of this test session's own Ray cluster.
+    assert pid != os.getpid() and _descendant_of_us(pid), f"pid {pid} is not our Ray worker"
+    os.kill(pid, signal.SIGKILL)
+    t.join(timeout=240)
+    assert not t.is_alive(), "the run did not finish after the worker was killed"
+    assert "error" not in result, result.get("error")
+    report = result["report"]
+    sink = spec["sink"]["uri"]
+    assert report.status == "committed"
+    # Every row exactly once, and no double counting of the retried task.
+    assert _ids(sink) == list(range(N_FILES * ROWS))
+    assert report.rows_read == report.rows_written == N_FILES * ROWS
+    assert report.rows_filtered == report.rows_skipped == report.rows_quarantined == 0
+    assert read_manifest(sink).num_rows == N_FILES * ROWS
+    assert not os.path.exists(resolve_filesystem(sink).join("_quarantine").path)
