@@ -14,8 +14,8 @@ given proportions, in an order fixed by the seed:
    and every prefix of the mixture holds each source in proportion ``p_i`` to
    within one row. One Ray ``sort`` does the merge.
 
-Only row counts per file travel to the driver (one small aggregation per
-source), never rows. ``_sf_file`` becomes ``<source name>/<file>`` so rows of
+Only row counts per file and schemas travel to the driver (one small Ray pass
+over all sources), never rows; the mixed dataset reads the sources again. ``_sf_file`` becomes ``<source name>/<file>`` so rows of
 different sources keep distinct identities for seeded transforms.
 """
 
@@ -40,23 +40,45 @@ _KEY = "__sf_mix_key"
 _SRC = "__sf_mix_src"
 
 
-def _file_sizes(ds: "ray.data.Dataset") -> dict[str, int]:
-    """Rows per file (max ``_sf_row`` + 1), from per-block partial aggregates."""
+class _Sizes:
+    """Per block: rows per file (max ``_sf_row`` + 1) and the block's schema."""
 
-    def partial(batch: pa.Table) -> pa.Table:
+    def __init__(self, index: int):
+        self.index = index
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        schema = batch.schema.serialize().to_pybytes()
+        if not all(c in batch.column_names for c in (PROVENANCE_FILE, PROVENANCE_ROW)):
+            return pa.table({"src": [self.index], "f": pa.array([None], pa.string()),
+                             "m": pa.array([-1], pa.int64()), "schema": [schema]})
         g = batch.select([PROVENANCE_FILE, PROVENANCE_ROW]).group_by(
             PROVENANCE_FILE, use_threads=False
         ).aggregate([(PROVENANCE_ROW, "max")])
-        return g.select([PROVENANCE_FILE, f"{PROVENANCE_ROW}_max"]).rename_columns(["f", "m"])
+        n = g.num_rows
+        return pa.table(
+            {
+                "src": pa.array([self.index] * n, pa.int64()),
+                "f": g.column(PROVENANCE_FILE).cast(pa.string()),
+                "m": g.column(f"{PROVENANCE_ROW}_max").cast(pa.int64()),
+                "schema": pa.array([schema] * n, pa.binary()),
+            }
+        )
 
-    sizes: dict[str, int] = {}
-    parts = ds.select_columns([PROVENANCE_FILE, PROVENANCE_ROW]).map_batches(
-        partial, batch_format="pyarrow", batch_size=None
-    )
-    for b in parts.iter_batches(batch_format="pyarrow", batch_size=None):
-        for f, m in zip(b.column("f").to_pylist(), b.column("m").to_pylist()):
-            sizes[f] = max(sizes.get(f, 0), int(m) + 1)
-    return sizes
+
+def _survey(dss: Sequence["ray.data.Dataset"]) -> tuple[list[dict[str, int]], list[pa.Schema | None]]:
+    """Rows per file and the schema of every source, in one Ray execution."""
+    parts = [ds.map_batches(_Sizes(i), batch_format="pyarrow", batch_size=None) for i, ds in enumerate(dss)]
+    merged = parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
+    sizes: list[dict[str, int]] = [{} for _ in dss]
+    schemas: list[pa.Schema | None] = [None] * len(dss)
+    for b in merged.iter_batches(batch_format="pyarrow", batch_size=None):
+        cols = b.to_pydict()
+        for i, f, m, sch in zip(cols["src"], cols["f"], cols["m"], cols["schema"]):
+            if schemas[i] is None:
+                schemas[i] = pa.ipc.read_schema(pa.py_buffer(sch))
+            if f is not None:
+                sizes[i][f] = max(sizes[i].get(f, 0), int(m) + 1)
+    return sizes, schemas
 
 
 def plan_counts(sizes: Sequence[int], weights: Sequence[float]) -> list[int]:
@@ -106,8 +128,10 @@ def interleave(
     for name, w in zip(names, weights):
         if isinstance(w, bool) or not isinstance(w, (int, float)) or not (w > 0 and math.isfinite(w)):
             raise SpecError(f"interleave: weight of source {name!r} must be a positive number; got {w!r}")
-    schemas = [ds.schema().base_schema for ds in dss]
+    file_sizes, schemas = _survey(dss)
     for name, s in zip(names, schemas):
+        if s is None:
+            raise SpecError(f"interleave: source {name!r} is empty; a mixture needs rows from every source")
         missing = [c for c in (PROVENANCE_FILE, PROVENANCE_ROW) if c not in s.names]
         if missing:
             raise SpecError(
@@ -122,7 +146,6 @@ def interleave(
                 f"{', '.join(f'{f.name}: {f.type}' for f in schemas[0])}. Mixed sources need "
                 "the same schema (select/cast them first)."
             )
-    file_sizes = [_file_sizes(ds) for ds in dss]
     sizes = [sum(fs.values()) for fs in file_sizes]
     for name, n in zip(names, sizes):
         if n == 0:

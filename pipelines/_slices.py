@@ -187,11 +187,30 @@ def list_slices(nodes: list[dict], available: dict[str, dict[str, float]]) -> li
     return out
 
 
+def _check_reachable(address: str, timeout: float = 5.0) -> None:
+    """Fails fast on a GCS address nobody listens on.
+
+    ``ray.init`` retries an unreachable GCS for minutes before giving up; a TCP
+    connect answers in milliseconds.
+    """
+    import socket
+
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "://" in address:
+        return  # "auto", ray:// client addresses: leave them to ray.init
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except OSError as e:
+        raise ConnectionError(f"nothing answers at {address} ({e.strerror or e})") from e
+
+
 def _query_cluster(address: str | None) -> tuple[list[dict], dict[str, dict[str, float]], str]:
     import ray
     from ray._private.state import available_resources_per_node
 
     target = address or os.environ.get("RAY_ADDRESS") or "auto"
+    _check_reachable(target)
     ray.init(
         address=target,
         log_to_driver=False,

@@ -34,16 +34,23 @@ def first_fit(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarra
     bins = np.empty(n, dtype=np.int64)
     offs = np.empty(n, dtype=np.int64)
     open_ = 0
-    # One NumPy scan over open bins per item; the copy of tokens is vectorised.
+    lo = 0  # bins before lo are full
+    # One NumPy scan over the non-full open bins per item; the token copy is vectorised.
     for i, ln in enumerate(lengths.tolist()):
-        fits = np.flatnonzero(rem[:open_] >= ln)
-        b = int(fits[0]) if len(fits) else open_
+        if lo < open_:
+            fits = rem[lo:open_] >= ln
+            j = int(fits.argmax())
+            b = lo + j if fits[j] else open_
+        else:
+            b = open_
         if b == open_:
             rem[open_] = capacity
             open_ += 1
         bins[i] = b
         offs[i] = capacity - rem[b]
         rem[b] -= ln
+        while lo < open_ and rem[lo] == 0:
+            lo += 1
     return bins, offs
 
 
@@ -214,11 +221,18 @@ class PackSequences(Transform):
             starts = np.r_[0, np.flatnonzero(np.diff(sb)) + 1]
             run = np.diff(np.r_[starts, len(sb)])
             seg_no[order] = segment_arange(run) + 1
-        within = segment_arange(lens)
-        dst = np.repeat(bins * S + offs, lens) + within
-        tokens[dst] = values[np.repeat(srcs, lens) + within]
-        seg[dst] = np.repeat(seg_no, lens)
-        pos[dst] = within
+        # Items fill each row from offset 0 without gaps, so in (bin, offset)
+        # order the content positions are "every position before the row's
+        # padding": one boolean mask instead of per-token destination indices.
+        lens_o = lens[order]
+        total = int(lens_o.sum())
+        starts_o = np.cumsum(lens_o) - lens_o
+        it = np.arange(total, dtype=np.int64)
+        used = np.bincount(bins, weights=lens, minlength=n_bins).astype(np.int64)
+        content = (np.arange(S)[None, :] < used[:, None]).reshape(-1)
+        tokens[content] = values[it + np.repeat(srcs[order] - starts_o, lens_o)]
+        seg[content] = np.repeat(seg_no[order].astype(np.int32), lens_o)
+        pos[content] = it - np.repeat(starts_o, lens_o)
         cols: dict[str, pa.Array] = {
             "tokens": make_fixed(tokens, S),
             "segment_ids": make_fixed(seg, S),

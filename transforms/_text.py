@@ -77,6 +77,22 @@ def _frame(
     new_len = keep + extra
     new_off = np.concatenate([[0], np.cumsum(new_len)]).astype(np.int64)
     out = np.empty(int(new_off[-1]), dtype=np.int32)
+    if extra and (keep == lengths).all():
+        # Nothing truncated: content stays in order, so fill every position that
+        # is not BOS/EOS with one boolean-mask assignment (no per-token indices).
+        special = np.zeros(len(out), dtype=bool)
+        if bos is not None:
+            special[new_off[:-1]] = True
+        if eos is not None:
+            special[new_off[1:] - 1] = True
+        out[~special] = values
+        if bos is not None:
+            out[new_off[:-1]] = bos
+        if eos is not None:
+            out[new_off[1:] - 1] = eos
+        return out, new_off
+    if not extra and (keep == lengths).all():
+        return values.astype(np.int32, copy=False), offsets.astype(np.int64, copy=False)
     within = segment_arange(keep)
     src = np.repeat(offsets[:-1], keep) + within
     dst = np.repeat(new_off[:-1] + int(bos is not None), keep) + within

@@ -100,6 +100,15 @@ def pytest_configure(config):
     )
 
 
+def pytest_collection_modifyitems(config, items):
+    # The first `slice` test also pays for starting the cluster (~15 s idle,
+    # minutes on a loaded shared machine): give these tests more than the
+    # suite's default per-test timeout unless they set their own.
+    for item in items:
+        if item.get_closest_marker("slice") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(600))
+
+
 @pytest.fixture(scope="session")
 def slice_cluster(gcs):
     """Head + CPU node + full v6e 4x4 slice + incomplete 3-host slice, on loopback.

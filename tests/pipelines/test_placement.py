@@ -42,6 +42,16 @@ _DRIVER = textwrap.dedent(
     ds = ray.data.range(96, override_num_blocks=24)
     apply_placement(ds.context, "cpu_only")
     out["context_cpu_only"] = run(ds.map_batches(record, batch_size=4))
+    # The pipeline spec option: placement.preprocess_on applies to the whole
+    # execution (read + transforms); `record` fuses into the same tasks.
+    from slicefeed.pipelines import Pipeline
+    p = Pipeline({
+        "name": "placement",
+        "source": {"format": "jsonl", "uri": sys.argv[1]},
+        "transforms": [{"cast": {"columns": {"id": "int64"}}}],
+        "placement": {"preprocess_on": "cpu_only"},
+    })
+    out["pipeline_cpu_only"] = run(p.dataset().map_batches(record, batch_size=4))
     out["labels"] = {n["NodeID"]: n["Labels"] for n in ray.nodes() if n["Alive"]}
     print("RESULT " + json.dumps(out))
     """
@@ -52,8 +62,13 @@ _DRIVER = textwrap.dedent(
 def test_map_tasks_stay_off_tpu_hosts(slice_cluster, tmp_path):
     script = tmp_path / "driver.py"
     script.write_text(_DRIVER)
+    src = tmp_path / "src"
+    src.mkdir()
+    for f in range(4):
+        rows = [json.dumps({"id": i}) for i in range(f * 24, (f + 1) * 24)]
+        (src / f"part-{f}.jsonl").write_text("\n".join(rows) + "\n")
     proc = subprocess.run(
-        [sys.executable, str(script)],
+        [sys.executable, str(script), str(src)],
         env=slice_cluster.driver_env(),
         capture_output=True,
         text=True,
@@ -65,11 +80,12 @@ def test_map_tasks_stay_off_tpu_hosts(slice_cluster, tmp_path):
     labels = out["labels"]
     tpu_hosts = {n for n, lb in labels.items() if lb.get("ray.io/accelerator-type", "").startswith("TPU-")}
     assert len(tpu_hosts) == 7  # 4 hosts of slice-a + 3 of slice-b
-    for mode in ("cpu_only", "any", "context_cpu_only"):
+    for mode in ("cpu_only", "any", "context_cpu_only", "pipeline_cpu_only"):
         assert out[mode]["ids"] == list(range(96)), mode  # nothing lost, nothing twice
     # cpu_only: every map task ran on the CPU-only worker node (the head has 0 CPUs).
     assert out["cpu_only"]["nodes"] and not set(out["cpu_only"]["nodes"]) & tpu_hosts
     assert not set(out["context_cpu_only"]["nodes"]) & tpu_hosts
+    assert out["pipeline_cpu_only"]["nodes"] and not set(out["pipeline_cpu_only"]["nodes"]) & tpu_hosts
     # any: Ray Data spread the same work onto TPU hosts as well.
     assert set(out["any"]["nodes"]) & tpu_hosts, out["any"]["nodes"]
 

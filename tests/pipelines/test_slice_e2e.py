@@ -20,7 +20,10 @@ import pytest
 
 from slicefeed.connectors import resolve_filesystem
 
-pytestmark = pytest.mark.slice
+# The module fixture runs two JaxTrainer fits (~20 s each on an idle 2-core
+# machine; minutes when other test sessions load it): more than the suite's
+# default 300 s per-test timeout allows for the first test.
+pytestmark = [pytest.mark.slice, pytest.mark.timeout(1200)]
 
 ROWS = 1000  # not a multiple of the global batch: the last steps carry padding
 GLOBAL_BATCH = 64
@@ -51,7 +54,7 @@ def e2e(slice_cluster, gcs, tmp_path_factory):
         env=slice_cluster.driver_env({"RAY_TRAIN_V2_ENABLED": "1"}),
         capture_output=True,
         text=True,
-        timeout=420,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     runs = {}

@@ -225,3 +225,13 @@ def test_image_schema_errors():
         NormalizeImage(mean=[0.1, 0.2]).output_schema(Resize(height=2, width=2).output_schema(dec))
     with pytest.raises(SpecError, match=r"NormalizeImage: std must be positive"):
         NormalizeImage(std=0)
+
+
+def test_decode_with_size_equals_decode_then_resize():
+    tbl, _ = _table(5)
+    fused = DecodeImage(height=12, width=10)(tbl)
+    two = Resize(height=12, width=10)(DecodeImage()(tbl))
+    assert fused.schema == DecodeImage(height=12, width=10).output_schema(tbl.schema) == two.schema
+    assert fused.column("image").equals(two.column("image"))
+    with pytest.raises(SpecError, match=r"DecodeImage: give both height and width"):
+        DecodeImage(height=3)
