@@ -394,6 +394,14 @@ def _read(
 
 _FS_KEYS = ("credentials", "anonymous", "project", "storage_options")
 
+# Files a directory listing keeps, per format (a glob or a single file is taken as written).
+_SUFFIXES: dict[str, tuple[str, ...]] = {
+    "parquet": (".parquet", ".pq"),
+    "jsonl": (".jsonl", ".json", ".ndjson", ".jsonl.gz", ".json.gz"),
+    "csv": (".csv", ".csv.gz", ".tsv"),
+    "text": (),
+}
+
 
 def _split_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     fs_kwargs = {k: kwargs.pop(k) for k in _FS_KEYS if k in kwargs}
@@ -440,7 +448,7 @@ def read_parquet(
     fs_kwargs, ray_kwargs = _split_kwargs(dict(kwargs))
     return _read(
         "parquet", uri, columns=columns, shuffle_seed=shuffle_seed, provenance=provenance,
-        suffixes=(".parquet", ".pq"), mark_errors=mark_errors, fs_kwargs=fs_kwargs, ray_kwargs=ray_kwargs,
+        suffixes=_SUFFIXES["parquet"], mark_errors=mark_errors, fs_kwargs=fs_kwargs, ray_kwargs=ray_kwargs,
     )
 
 
@@ -461,7 +469,7 @@ def read_jsonl(
     fs_kwargs, ray_kwargs = _split_kwargs(dict(kwargs))
     return _read(
         "jsonl", uri, columns=columns, shuffle_seed=shuffle_seed, provenance=provenance,
-        suffixes=(".jsonl", ".json", ".ndjson", ".jsonl.gz", ".json.gz"),
+        suffixes=_SUFFIXES["jsonl"],
         mark_errors=mark_errors, fs_kwargs=fs_kwargs, ray_kwargs=ray_kwargs,
     )
 
@@ -483,7 +491,7 @@ def read_csv(
     fs_kwargs, ray_kwargs = _split_kwargs(dict(kwargs))
     return _read(
         "csv", uri, columns=columns, shuffle_seed=shuffle_seed, provenance=provenance,
-        suffixes=(".csv", ".csv.gz", ".tsv"), mark_errors=mark_errors, fs_kwargs=fs_kwargs, ray_kwargs=ray_kwargs,
+        suffixes=_SUFFIXES["csv"], mark_errors=mark_errors, fs_kwargs=fs_kwargs, ray_kwargs=ray_kwargs,
         datasource_kwargs={"delimiter": delimiter},
     )
 
@@ -506,7 +514,7 @@ def read_text(
     fs_kwargs, ray_kwargs = _split_kwargs(dict(kwargs))
     return _read(
         "text", uri, columns=None, shuffle_seed=shuffle_seed, provenance=provenance,
-        suffixes=(), mark_errors=mark_errors, fs_kwargs=fs_kwargs, ray_kwargs=ray_kwargs,
+        suffixes=_SUFFIXES["text"], mark_errors=mark_errors, fs_kwargs=fs_kwargs, ray_kwargs=ray_kwargs,
         datasource_kwargs={"drop_empty_lines": drop_empty_lines},
     )
 
@@ -539,13 +547,7 @@ def peek_schema(
             with ``mark_errors``, no file can.
     """
     source = resolve_filesystem(uri, **fs_kwargs)
-    suffixes = {
-        "parquet": (".parquet", ".pq"),
-        "jsonl": (".jsonl", ".json", ".ndjson", ".jsonl.gz", ".json.gz"),
-        "csv": (".csv", ".csv.gz", ".tsv"),
-        "text": (),
-    }[fmt]
-    files = expand_paths(source, suffixes=suffixes)
+    files = expand_paths(source, suffixes=_SUFFIXES[fmt])
     error: Exception | None = None
     # Under mark_errors a bad file is skipped at run time, so look further.
     for first in files[: 20 if mark_errors else 1]:
