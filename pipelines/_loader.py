@@ -688,6 +688,12 @@ class JaxLoader:
                 except queue.Empty:
                     pass
 
+    def __enter__(self) -> "JaxLoader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def __del__(self):
         try:
             self._stop.set()

@@ -394,3 +394,42 @@ def test_pyarrow_nested_fsl_take_bug():
     expected = [sliced.to_pylist()[i] for i in perm]
     assert sliced.take(pa.array(perm)).to_pylist() != expected  # the bug
     assert full.take(pa.array(perm + 4)).to_pylist() == expected  # the workaround
+
+
+def test_committed_uri_local_and_gcs(env, base_uri):
+    """A committed dataset by URI (local path with spaces, or gs:// on the emulator)."""
+    from _data import write_committed
+
+    from slicefeed.pipelines import JaxLoader
+
+    n = write_committed(base_uri, [20, 13, 31])
+    with JaxLoader(base_uri, global_batch_size=8, remainder="pad", shuffle=True) as loader:
+        assert loader.steps_per_epoch == 8
+        batches = list(loader)
+    for b in batches:
+        check_values(b)
+    ids = np.concatenate([_ids(b) for b in batches])
+    assert sorted(ids.tolist()) == list(range(n))
+
+
+def test_pipeline_source(env):
+    """Anything with a .dataset() method (a slicefeed Pipeline) is a source."""
+    import ray
+
+    from slicefeed.pipelines import JaxLoader
+
+    class Pipe:
+        def dataset(self):
+            return ray.data.from_arrow(make_table(0, 24))
+
+    batches = list(JaxLoader(Pipe(), global_batch_size=8, columns=["id"]))
+    assert [sorted(np.asarray(b["id"]).tolist()) for b in batches] == [
+        list(range(i, i + 8)) for i in (0, 8, 16)
+    ]
+
+    class Bad:
+        def dataset(self):
+            return [1, 2]
+
+    with pytest.raises(SpecError, match=r"Bad.dataset\(\) returned list"):
+        JaxLoader(Bad(), global_batch_size=8)
