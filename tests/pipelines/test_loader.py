@@ -332,7 +332,8 @@ def test_conformance_committed(env, committed, kw):
         assert ref[:steps] != ref[steps:]  # epochs are shuffled differently
 
 
-def test_conformance_dataset_source(env):
+@pytest.mark.parametrize("shuffle", [False, True], ids=["ordered", "shuffled"])
+def test_conformance_dataset_source(env, shuffle):
     import ray
 
     from slicefeed.pipelines import JaxLoader
@@ -340,7 +341,16 @@ def test_conformance_dataset_source(env):
     ds = ray.data.from_arrow(make_table(0, 70)).repartition(3)
 
     def make(state):
-        return JaxLoader(ds, global_batch_size=8, num_epochs=2, remainder="pad", state=state)
+        return JaxLoader(
+            ds,
+            global_batch_size=8,
+            num_epochs=2,
+            remainder="pad",
+            shuffle=shuffle,
+            shuffle_buffer_rows=16,
+            seed=5,
+            state=state,
+        )
 
     ref = assert_equal_output_after_checkpoint(make, [2, 9, 12], check_batch=check_values)
     assert len(ref) == 18
