@@ -6,8 +6,6 @@ Importable from the test modules and from the subprocess workers.
 from __future__ import annotations
 
 import hashlib
-import os
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -31,13 +29,17 @@ def make_table(start: int, n: int, width: int = 4) -> pa.Table:
 
 
 def write_committed(
-    uri_dir: str, sizes: list[int], *, row_group_size: int = 7, width: int = 4
+    uri: str, sizes: list[int], *, row_group_size: int = 7, width: int = 4
 ) -> int:
     """Writes ``part-*.parquet`` files of ``sizes`` rows and a ``_manifest.json``
-    (local path). Returns the total row count; ids are 0..N-1 across files."""
-    from slicefeed.connectors import Manifest, ManifestFile
+    under ``uri`` (local path or gs://). Returns the total row count; ids are
+    0..N-1 across files."""
+    import io
 
-    os.makedirs(uri_dir, exist_ok=True)
+    from slicefeed.connectors import Manifest, ManifestFile, resolve_filesystem
+
+    root = resolve_filesystem(uri)
+    root.fs.makedirs(root.path, exist_ok=True)
     files = []
     start = 0
     schema = None
@@ -45,12 +47,14 @@ def write_committed(
         t = make_table(start, n, width)
         schema = t.schema
         name = f"part-{i:05d}.parquet"
-        path = os.path.join(uri_dir, name)
-        pq.write_table(t, path, row_group_size=row_group_size)
-        data = open(path, "rb").read()
+        sink = io.BytesIO()
+        pq.write_table(t, sink, row_group_size=row_group_size)
+        data = sink.getvalue()
+        with root.fs.open(root.join(name).path, "wb") as f:
+            f.write(data)
         files.append(ManifestFile(name, n, len(data), hashlib.sha256(data).hexdigest()))
         start += n
     m = Manifest(files=tuple(files), schema=schema)
-    with open(os.path.join(uri_dir, "_manifest.json"), "w") as f:
-        f.write(m.to_json())
+    with root.fs.open(root.join("_manifest.json").path, "wb") as f:
+        f.write(m.to_json().encode())
     return start
