@@ -34,6 +34,13 @@ def process_env(device_count: int = 8) -> dict[str, str]:
     env.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
     env.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # On a loaded 2-core machine a Ray worker can take > 60 s to import and register;
+    # the raylet then kills and restarts it forever. Same setting for every Ray case.
+    env.setdefault("RAY_worker_register_timeout_seconds", "600")
+    # Ray starts its workers at niceness 15; on a machine shared with other work they
+    # then starve while in-process readers (raw_jax, grain, slicefeed's local reader)
+    # run at 0. Same priority for every case.
+    env.setdefault("RAY_worker_niceness", "0")
     return env
 
 
@@ -209,6 +216,8 @@ class Consumer:
             "doc_id_sum": self.doc_sum,
             "time_to_first_batch_s": (self.times[0] - t_start) if n else None,
             "wall_s": (self.times[-1] - t_start) if n else None,
+            # all rows / (construction -> last batch): includes the time to first batch
+            "e2e_rows_per_s": (sum(self.rows) / (self.times[-1] - t_start)) if n else None,
             "check_s": self.check_s,
             "warmup_batches": w,
             "errors": self.errors[:5],

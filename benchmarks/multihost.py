@@ -5,8 +5,9 @@ same committed dataset as ``benchmarks/loader.py``. Reports per-host steady-stat
 throughput and the spread between hosts, and validates that the hosts together
 delivered every row once (row count + token checksum summed over hosts).
 
-Each host starts its own local Ray instance with ``num_cpus = nproc / hosts`` (as a
-slice host reads with its own CPUs). Usage::
+With ``--reader ray`` each host starts its own local Ray instance with
+``num_cpus = nproc / hosts`` (as a slice host reads with its own CPUs); the default
+local reader needs no Ray. Usage::
 
     python benchmarks/multihost.py --quick
     python benchmarks/multihost.py --hosts 2 --devices-per-host 4 --batch-size 256
@@ -55,7 +56,7 @@ def host_main(cfg: dict) -> None:
     extra = {"process_index": jax.process_index(), "devices": jax.device_count(),
              "local_devices": jax.local_device_count()}
     t = time.perf_counter()
-    for attempt in range(3):
+    for attempt in range(3 if cfg["reader"] == "ray" else 0):  # the local reader needs no Ray
         try:
             ray.init(address="local", num_cpus=cfg["cpus"], include_dashboard=False,
                      log_to_driver=False, object_store_memory=512 << 20)
@@ -69,7 +70,8 @@ def host_main(cfg: dict) -> None:
 
     consumer = Consumer(cfg["batch_size"] // cfg["hosts"])
     t0 = time.perf_counter()
-    loader = JaxLoader(cfg["meta"]["dir"], global_batch_size=cfg["batch_size"], num_epochs=1)
+    loader = JaxLoader(cfg["meta"]["dir"], global_batch_size=cfg["batch_size"], num_epochs=1,
+                       reader=cfg["reader"])
     for batch in loader:
         consumer(batch)
     res = consumer.summary(t0)
@@ -78,6 +80,9 @@ def host_main(cfg: dict) -> None:
     res["peak_rss_mb"] = peak_rss_self_mb()
     with open(cfg["out"], "w") as f:
         json.dump(res, f)
+    # Host 0 runs the coordination service: leaving before the others finish would
+    # kill them. shutdown() is a barrier over all hosts.
+    jax.distributed.shutdown()
     os._exit(0)
 
 
@@ -93,6 +98,8 @@ def main(argv=None) -> int:
     ap.add_argument("--hosts", type=int, default=2)
     ap.add_argument("--devices-per-host", type=int, default=4)
     ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--reader", choices=("local", "ray"), default="local",
+                    help="JaxLoader reader= (ray: each host starts its own local Ray)")
     ap.add_argument("--rows", type=int)
     ap.add_argument("--files", type=int)
     ap.add_argument("--row-group", type=int, default=1024)
@@ -122,7 +129,8 @@ def main(argv=None) -> int:
         os.close(fd)
         outs.append(out)
         cfg = {"host": h, "hosts": args.hosts, "coordinator": coord, "cpus": cpus,
-               "batch_size": args.batch_size, "meta": meta, "out": out}
+               "batch_size": args.batch_size, "meta": meta, "out": out,
+               "reader": args.reader}
         procs.append(subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), "--host-config", json.dumps(cfg)],
             env=process_env(args.devices_per_host), stdout=subprocess.PIPE,
@@ -202,7 +210,8 @@ def main(argv=None) -> int:
         json.dump({"summary": summary, "hosts": hosts, "machine": machine,
                    "config": {"rows": rows, "files": files, "hosts": args.hosts,
                               "devices_per_host": args.devices_per_host,
-                              "global_batch_size": args.batch_size, "cpus_per_host": cpus}},
+                              "global_batch_size": args.batch_size, "cpus_per_host": cpus,
+                              "reader": args.reader}},
                   f, indent=1, default=str)
     print(f"wrote {args.json}")
     return 0 if summary["status"] == "ok" else 1

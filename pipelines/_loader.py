@@ -33,9 +33,10 @@ except ImportError:  # pragma: no cover
     ArrowBatchCollateFn = object  # type: ignore[misc,assignment]
 
 _STATE_VERSION = 1
-# Rows per read window of a committed dataset when not shuffling: ~64 MB of
-# (compressed) Parquet per Ray read task. Not benchmarked yet (see issue: benchmarks).
-_WINDOW_TARGET_BYTES = 64 << 20
+# Rows per read window of a committed dataset when not shuffling: ~32 MB of decoded
+# rows per read (benchmarks/loader.py: 64 MB of *compressed* Parquet made the first
+# window 4x larger, the time to first batch 30 s on 2 cores).
+_WINDOW_TARGET_BYTES = 32 << 20
 _KV_PREFIX = "slicefeed/jaxloader"
 _loader_counter = itertools.count()
 
@@ -260,6 +261,13 @@ class _ManifestSource(_Source):
             items.append({"w": k, "spec": json.dumps(spec)})
         if not items:
             return None, 0
+        fn_kwargs = {
+            "fs": self.resolved.fs,
+            "base_dir": self.resolved.path.rstrip("/"),
+            "columns": loader._read_columns,
+        }
+        if loader.reader == "local":
+            return _LocalWindows(items, fn_kwargs, loader), 0
         ds = ray.data.from_items(items, override_num_blocks=len(items))
         ds._context = ds.context.copy()
         ds.context.execution_options.preserve_order = True
@@ -267,11 +275,7 @@ class _ManifestSource(_Source):
             _read_window,
             batch_size=1,
             batch_format="numpy",
-            fn_kwargs={
-                "fs": self.resolved.fs,
-                "base_dir": self.resolved.path.rstrip("/"),
-                "columns": loader._read_columns,
-            },
+            fn_kwargs=fn_kwargs,
         )
         ds.context.execution_options.preserve_order = True
         return ds, 0
@@ -288,6 +292,61 @@ def _skip_pieces(pieces: list, skip: int) -> list:
         out.append((p, lo + skip, hi))
         skip = 0
     return out
+
+
+class _LocalWindows:
+    """Reads a host's windows in this process: ``_read_window`` (the same function the
+    Ray path maps over the windows, so the same rows in the same order) on a few
+    threads, in order, at most ``lookahead`` windows ahead. pyarrow decodes without
+    the GIL, so the threads overlap decoding with conversion and transfer.
+
+    Compared with one Ray task per window (``reader="ray"``) this saves the copy
+    into Ray's object store, worker start-up and scheduling; on a 2-core machine
+    it also avoids competing with Ray's own processes (benchmarks/README.md).
+    """
+
+    def __init__(self, items: list[dict], fn_kwargs: dict, loader: "JaxLoader"):
+        self.items = items
+        self.fn_kwargs = fn_kwargs
+        self.stop = loader._stop
+        # 2 windows in flight: one being consumed, one decoding (benchmarks/loader.py).
+        self.lookahead = max(1, int(loader.local_read_ahead))
+
+    def _read(self, item: dict) -> pa.Table:
+        return _read_window({"w": [item["w"]], "spec": [item["spec"]]}, **self.fn_kwargs)
+
+    def tables(self) -> Iterator[pa.Table]:
+        from concurrent.futures import ThreadPoolExecutor
+
+        pool = ThreadPoolExecutor(self.lookahead, thread_name_prefix="slicefeed-read")
+        try:
+            pending = [pool.submit(self._read, it) for it in self.items[: self.lookahead]]
+            nxt = len(pending)
+            while pending:
+                table = pending.pop(0).result()
+                if nxt < len(self.items) and not self.stop.is_set():
+                    pending.append(pool.submit(self._read, self.items[nxt]))
+                    nxt += 1
+                yield table
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def batches(self, rows: int) -> Iterator[pa.Table]:
+        """Tables of exactly ``rows`` rows (the last one may be shorter). Slices of
+        a window are zero-copy; only a batch spanning two windows is chunked."""
+        carry = None
+        for t in self.tables():
+            if carry is not None:
+                t = pa.concat_tables([carry, t])
+                carry = None
+            n, i = t.num_rows, 0
+            while n - i >= rows:
+                yield t.slice(i, rows)
+                i += rows
+            if i < n:
+                carry = t.slice(i)
+        if carry is not None:
+            yield carry
 
 
 # --------------------------------------------------------------------------- collate
@@ -343,9 +402,12 @@ class JaxLoader:
     files in epoch order), so across hosts each row is delivered once per epoch.
 
     **Sharding.** By default batches are sharded over a 1-D mesh of all devices
-    and moved by Ray Data's ``iter_jax_batches`` (its internal ``"data"`` mesh),
-    fed by an Arrow ``collate_fn`` that converts, casts and pads on the host, so
-    Ray's on-device ``astype`` and mask-less padding are never used. With
+    (Ray Data's internal ``"data"`` mesh). Dataset / iterator sources are moved by
+    Ray Data's ``iter_jax_batches``, fed by an Arrow ``collate_fn`` that converts,
+    casts and pads on the host, so Ray's on-device ``astype`` and mask-less
+    padding are never used. A committed-dataset URI is read by the loader itself
+    (``reader="local"``, see below) and each batch is transferred with one
+    ``make_array_from_process_local_data`` call for all its columns. With
     ``mesh=`` (and ``partition_spec=``, default ``PartitionSpec(mesh.axis_names)``)
     arrays are built directly with ``NamedSharding(mesh, spec)`` (the spec is
     truncated to each array's rank), so nothing is resharded on first use.
@@ -369,7 +431,10 @@ class JaxLoader:
     aligned (Arrow allocates 64-byte-aligned buffers), else copies once. So:
     0 host copies + 1 transfer per delivered byte in the common case, at most
     2 host copies (concatenate + cast). Committed datasets read with
-    ``shuffle=True`` pay one more copy in the Ray read task (``Table.take``).
+    ``shuffle=True`` pay one more copy (the window permutation, ``Table.take``).
+    ``reader="ray"`` adds one more: the window's copy into Ray's object store
+    (``reader="local"`` has none: Parquet decodes into Arrow buffers that the
+    batches then view).
 
     **Remainder.** ``"drop"`` drops a partial last batch (``stats()["dropped_rows"]``);
     ``"pad"`` pads it and adds a boolean ``mask_key`` array (False on padding).
@@ -432,6 +497,11 @@ class JaxLoader:
         state: A ``state_dict()`` to resume from.
         sync_timeout_s: Timeout of the multi-host key-value exchange.
         storage_options: Passed to ``resolve_filesystem`` for a URI source.
+        reader: How a committed-dataset URI is read: ``"local"`` (default) reads
+            this host's windows in the loader's process on ``local_read_ahead``
+            threads; ``"ray"`` runs one Ray Data task per window. Same rows, same
+            order, same batches either way. Ignored for Dataset/iterator sources.
+        local_read_ahead: Windows read ahead (and threads) with ``reader="local"``.
 
     Raises:
         SpecError: Bad arguments, unknown/string/unpadded columns, a global
@@ -462,6 +532,8 @@ class JaxLoader:
         state: Mapping[str, Any] | None = None,
         sync_timeout_s: float = 600.0,
         storage_options: Mapping[str, Any] | None = None,
+        reader: str = "local",
+        local_read_ahead: int = 2,
     ):
         import jax
         from jax.sharding import NamedSharding, PartitionSpec
@@ -473,6 +545,14 @@ class JaxLoader:
             raise SpecError(f"JaxLoader: num_epochs must be >= 0 or None, got {num_epochs}.")
         if prefetch < 0:
             raise SpecError(f"JaxLoader: prefetch must be >= 0, got {prefetch}.")
+        if reader not in ("local", "ray"):
+            raise SpecError(f"JaxLoader: reader must be 'local' or 'ray', got {reader!r}.")
+        if local_read_ahead < 1:
+            raise SpecError(
+                f"JaxLoader: local_read_ahead must be >= 1, got {local_read_ahead}."
+            )
+        self.reader = reader
+        self.local_read_ahead = int(local_read_ahead)
         self.remainder = remainder
         self.mask_key = mask_key
         self.num_epochs = num_epochs
@@ -551,8 +631,10 @@ class JaxLoader:
         if self.shuffle:
             rows = self.shuffle_buffer_rows
         else:
-            bpr = getattr(self._source, "bytes_per_row", 0) or 1
-            rows = int(_WINDOW_TARGET_BYTES // max(bpr, 1))
+            # Decoded bytes per row (the manifest's are compressed): a window is what
+            # one reader holds in memory.
+            bpr = max(getattr(self._source, "bytes_per_row", 0) or 1, self._row_bytes, 1)
+            rows = int(_WINDOW_TARGET_BYTES // bpr)
         self.window_rows = max(lb, -(-rows // lb) * lb)
 
         # --- multi-host key-value namespace and known row counts
@@ -610,6 +692,7 @@ class JaxLoader:
             "time_to_first_batch_s": None,
         }
         self._t0 = t0
+        self._shardings: dict[int, Any] = {}  # ndim -> NamedSharding
         self._gen: Iterator | None = None
         self._queue: queue.Queue | None = None
         self._thread: threading.Thread | None = None
@@ -793,13 +876,17 @@ class JaxLoader:
         import jax
         from jax.sharding import NamedSharding, PartitionSpec
 
-        out = {}
+        # One call for the whole batch: on one process it is a single batched
+        # device_put instead of one per column (benchmarks/README.md).
+        shardings, shapes = {}, {}
         for k, v in host.items():
-            spec = PartitionSpec(*tuple(self._spec)[: v.ndim])
-            out[k] = jax.make_array_from_process_local_data(
-                NamedSharding(self._mesh, spec), v, (self.global_batch_size,) + v.shape[1:]
-            )
-        return out
+            sh = self._shardings.get(v.ndim)
+            if sh is None:
+                spec = PartitionSpec(*tuple(self._spec)[: v.ndim])
+                sh = self._shardings[v.ndim] = NamedSharding(self._mesh, spec)
+            shardings[k] = sh
+            shapes[k] = (self.global_batch_size,) + v.shape[1:]
+        return jax.make_array_from_process_local_data(shardings, host, shapes)
 
     def _filler(self) -> dict:
         host = empty_batch(self._specs, self.local_batch_size)
@@ -822,6 +909,11 @@ class JaxLoader:
             if self.shuffle and not isinstance(self._source, _ManifestSource)
             else None,
         )
+        if isinstance(src, _LocalWindows):
+            collate = _Collate(self)
+            for table in src.batches(lb):
+                yield self._to_global(collate(table)), table.num_rows
+            return
         if self._through_ray and not skip_rows:
             collate = _Collate(self)
             it = src.iter_jax_batches(
