@@ -37,7 +37,9 @@ SCHEMA = pa.schema([("text", pa.string()), ("id", pa.int64()), ("_sf_file", pa.s
 
 
 def test_every_transform_is_covered():
-    assert set(MISSING) == set(TRANSFORMS)
+    # Only the built-in ones: tests may register their own (tests/pipelines/_stall_transform.py).
+    builtin = {n for n, cls in TRANSFORMS.items() if cls.__module__.startswith("slicefeed.transforms")}
+    assert set(MISSING) == builtin
 
 
 @pytest.mark.parametrize("name", sorted(MISSING))
