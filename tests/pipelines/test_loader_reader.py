@@ -86,8 +86,9 @@ def test_local_reader_views_window_buffers(jax_cpu, committed):
     assert len(batches) == n // 8
     st = loader.stats()
     # Windows here hold the whole share, so only batches spanning two files are
-    # concatenated (files of 30, 45, 17, 50 rows: 3 of the 17 batches cross a boundary).
-    assert st["host_copies"] <= 2 * 3, st
+    # concatenated (files of 30, 45, 17, 50 rows: 3 of the 17 batches cross a boundary,
+    # 2 columns each), plus 1: the final partial batch is padded before it is dropped.
+    assert st["host_copies"] <= 2 * 3 + 1, st
     assert st["host_copy_batches"] >= len(batches)  # + the partial batch, collated then dropped
 
 
