@@ -40,15 +40,7 @@ def _collect(loader):
     [
         dict(),
         dict(remainder="pad"),
-        pytest.param(
-            dict(shuffle=True, seed=3, shuffle_buffer_rows=24),
-            marks=pytest.mark.xfail(
-                reason="pyarrow 26 Table.take on a sliced nested fixed_size_list returns "
-                "wrong rows in _read_window (fixed on the loader branch: take on unsliced "
-                "tables); the two readers then disagree",
-                strict=False,
-            ),
-        ),
+        dict(shuffle=True, seed=3, shuffle_buffer_rows=24),
     ],
     ids=["drop", "pad", "shuffle"],
 )
