@@ -98,3 +98,12 @@ def configure_process_env() -> None:
     # gcsfs probes a gRPC control plane per bucket unless this is off (DESIGN.md).
     os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
     os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
+
+
+def put_bytes(uri: str, data: bytes | str) -> None:
+    """Writes ``data`` (str is UTF-8 encoded) to ``uri`` on any storage, creating folders."""
+    from slicefeed.connectors import resolve_filesystem
+
+    r = resolve_filesystem(uri)
+    r.fs.makedirs(r.path.rsplit("/", 1)[0], exist_ok=True)
+    r.fs.pipe_file(r.path, data.encode() if isinstance(data, str) else data)

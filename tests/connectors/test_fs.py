@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from _harness import put_bytes
 from slicefeed.connectors import expand_paths, resolve_filesystem
 
 
 def _touch(uri: str, data: bytes = b"x") -> None:
-    r = resolve_filesystem(uri)
-    r.fs.makedirs(r.path.rsplit("/", 1)[0], exist_ok=True)
-    with r.fs.open(r.path, "wb") as f:
-        f.write(data)
+    put_bytes(uri, data)
 
 
 def test_resolve_protocols(tmp_path):

@@ -8,6 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from _harness import put_bytes
 from slicefeed.connectors import (
     BadRecordError,
     CorruptFileError,
@@ -16,14 +17,9 @@ from slicefeed.connectors import (
     read_jsonl,
     read_parquet,
     read_text,
-    resolve_filesystem,
 )
 
 
-def _put(uri: str, data: bytes) -> None:
-    r = resolve_filesystem(uri)
-    r.fs.makedirs(r.path.rsplit("/", 1)[0], exist_ok=True)
-    r.fs.pipe_file(r.path, data)
 
 
 def _parquet_bytes(table: pa.Table, **kw) -> bytes:
@@ -40,7 +36,7 @@ def _rows(ds):
 def parquet_dir(base_uri):
     for i in range(3):
         t = pa.table({"id": list(range(i * 10, i * 10 + 10)), "x": [float(i)] * 10, "s": ["a"] * 10})
-        _put(f"{base_uri}/raw/part-{i}.parquet", _parquet_bytes(t, row_group_size=3))
+        put_bytes(f"{base_uri}/raw/part-{i}.parquet", _parquet_bytes(t, row_group_size=3))
     return f"{base_uri}/raw"
 
 
@@ -84,7 +80,7 @@ def test_missing_path_raises_file_not_found_naming_uri(ray_cluster, base_uri):
 
 
 def test_corrupt_parquet_names_file(ray_cluster, parquet_dir):
-    _put(f"{parquet_dir}/part-9.parquet", b"PAR1 this is not parquet")
+    put_bytes(f"{parquet_dir}/part-9.parquet", b"PAR1 this is not parquet")
     with pytest.raises(Exception) as e:
         read_parquet(parquet_dir).take_all()
     assert e.errisinstance(CorruptFileError) or "CorruptFileError" in str(e.value)
@@ -93,7 +89,7 @@ def test_corrupt_parquet_names_file(ray_cluster, parquet_dir):
 
 def test_read_jsonl(ray_cluster, base_uri):
     lines = [json.dumps({"text": f"doc {i}", "n": i}) for i in range(5)]
-    _put(f"{base_uri}/j/a.jsonl", ("\n".join(lines) + "\n").encode())
+    put_bytes(f"{base_uri}/j/a.jsonl", ("\n".join(lines) + "\n").encode())
     rows = _rows(read_jsonl(f"{base_uri}/j", provenance=True))
     assert [r["n"] for r in rows] == list(range(5))
     assert [r["_sf_row"] for r in rows] == list(range(5))
@@ -101,7 +97,7 @@ def test_read_jsonl(ray_cluster, base_uri):
 
 def test_invalid_jsonl_line_names_file_and_line(ray_cluster, base_uri):
     body = b'{"text": "ok"}\n{"text": "ok2"}\n{"text": truncated\n'
-    _put(f"{base_uri}/j/bad file.jsonl", body)
+    put_bytes(f"{base_uri}/j/bad file.jsonl", body)
     with pytest.raises(Exception) as e:
         read_jsonl(f"{base_uri}/j").take_all()
     assert e.errisinstance(BadRecordError) or "BadRecordError" in str(e.value)
@@ -109,13 +105,13 @@ def test_invalid_jsonl_line_names_file_and_line(ray_cluster, base_uri):
 
 
 def test_read_csv(ray_cluster, base_uri):
-    _put(f"{base_uri}/c/a.csv", b"id,name,score\n1,a,0.5\n2,b,1.5\n")
+    put_bytes(f"{base_uri}/c/a.csv", b"id,name,score\n1,a,0.5\n2,b,1.5\n")
     rows = read_csv(f"{base_uri}/c", columns=["id", "score"]).take_all()
     assert rows == [{"id": 1, "score": 0.5}, {"id": 2, "score": 1.5}]
 
 
 def test_read_text_lines(ray_cluster, base_uri):
-    _put(f"{base_uri}/t/a.txt", b"first\r\nsecond\n\nfourth\n")
+    put_bytes(f"{base_uri}/t/a.txt", b"first\r\nsecond\n\nfourth\n")
     rows = read_text(f"{base_uri}/t", provenance=True).take_all()
     assert [r["text"] for r in rows] == ["first", "second", "", "fourth"]
     rows = read_text(f"{base_uri}/t", provenance=True, drop_empty_lines=True).take_all()
@@ -123,7 +119,7 @@ def test_read_text_lines(ray_cluster, base_uri):
 
 
 def test_read_text_invalid_utf8_names_line(ray_cluster, base_uri):
-    _put(f"{base_uri}/t/latin1.txt", b"ok\nstill ok\ncaf\xe9\n")
+    put_bytes(f"{base_uri}/t/latin1.txt", b"ok\nstill ok\ncaf\xe9\n")
     with pytest.raises(Exception, match=r"latin1.txt: line 3 \(row 2\) is not valid UTF-8"):
         read_text(f"{base_uri}/t").take_all()
 

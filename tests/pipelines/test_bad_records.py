@@ -19,16 +19,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from _harness import put_bytes
 from slicefeed.connectors import is_committed, read_dataset, resolve_filesystem
 from slicefeed.pipelines import Pipeline
 
 pytestmark = pytest.mark.timeout(240)
 
 
-def _put(path: str, data: bytes) -> None:
-    r = resolve_filesystem(path)
-    r.fs.makedirs(r.path.rsplit("/", 1)[0], exist_ok=True)
-    r.fs.pipe_file(r.path, data)
 
 
 def _parquet_bytes(table: pa.Table) -> bytes:
@@ -39,14 +36,14 @@ def _parquet_bytes(table: pa.Table) -> bytes:
 
 def _parquet_corpus(base: str) -> dict:
     for f in range(3):
-        _put(f"{base}/raw/g{f}.parquet", _parquet_bytes(pa.table({
+        put_bytes(f"{base}/raw/g{f}.parquet", _parquet_bytes(pa.table({
             "id": pa.array(range(f * 10, f * 10 + 10), pa.int64()),
             "text": [f"row {i}" for i in range(10)],
         })))
     good = _parquet_bytes(pa.table({"id": [1, 2, 3], "text": ["a", "b", "c"]}))
     # Named to sort last: the schema check reads the first file.
-    _put(f"{base}/raw/zz-garbage.parquet", b"this is not parquet at all")
-    _put(f"{base}/raw/zz-truncated.parquet", good[: len(good) // 2])
+    put_bytes(f"{base}/raw/zz-garbage.parquet", b"this is not parquet at all")
+    put_bytes(f"{base}/raw/zz-truncated.parquet", good[: len(good) // 2])
     return {
         "source": {"format": "parquet", "uri": f"{base}/raw"},
         "transforms": [{"select": {"columns": ["id", "text"]}}],
@@ -58,8 +55,8 @@ def _parquet_corpus(base: str) -> dict:
 
 def _jsonl_corpus(base: str) -> dict:
     good = [json.dumps({"id": i, "score": str(i), "text": f"t{i}"}) for i in range(10)]
-    _put(f"{base}/raw/a.jsonl", ("\n".join(good) + "\n").encode())
-    _put(f"{base}/raw/b.jsonl", (
+    put_bytes(f"{base}/raw/a.jsonl", ("\n".join(good) + "\n").encode())
+    put_bytes(f"{base}/raw/b.jsonl", (
         '{"id": 10, "score": "1", "text": "ok"}\n'
         '{"id": 11, "score": "2", "te\n'                    # truncated line
         '[1, 2, 3]\n'                                         # not an object
@@ -79,8 +76,8 @@ def _jsonl_corpus(base: str) -> dict:
 
 
 def _text_corpus(base: str) -> dict:
-    _put(f"{base}/raw/t1.txt", b"hello\nworld\n")
-    _put(f"{base}/raw/t2.txt", b"ok\n\xff\xfe broken \xc3\n fine\r\nlast")
+    put_bytes(f"{base}/raw/t1.txt", b"hello\nworld\n")
+    put_bytes(f"{base}/raw/t2.txt", b"ok\n\xff\xfe broken \xc3\n fine\r\nlast")
     return {
         "source": {"format": "text", "uri": f"{base}/raw"},
         "transforms": [],
@@ -190,7 +187,7 @@ def test_fail_names_file_and_row(ray_cluster, local_dir, kind, match):
 def test_wrong_type_fail_names_file_and_row(ray_cluster, local_dir):
     corpus = _jsonl_corpus(local_dir)
     # Only the wrong-type record is left as a problem for `fail` to find.
-    _put(f"{local_dir}/raw/b.jsonl", b'{"id": 13, "score": "seven", "text": "x"}\n')
+    put_bytes(f"{local_dir}/raw/b.jsonl", b'{"id": 13, "score": "seven", "text": "x"}\n')
     with pytest.raises(Exception, match=r"file 'b\.jsonl' row 0: Cast: value in column 'score'"):
         Pipeline(_spec(local_dir, corpus, on_error="fail")).run()
     assert not is_committed(f"{local_dir}/out")
@@ -226,7 +223,7 @@ def test_null_required_and_undecodable_images(ray_cluster, local_dir, policy):
         "text": ["a", None, "c", "d", "e"],                               # row 1: null text
         "image": [png.getvalue(), png.getvalue(), b"\x89PNG garbage", png.getvalue(), None],
     })                                                                    # rows 2, 4: bad image
-    _put(f"{local_dir}/raw/img.parquet", _parquet_bytes(table))
+    put_bytes(f"{local_dir}/raw/img.parquet", _parquet_bytes(table))
     corpus = {"source": {"format": "parquet", "uri": f"{local_dir}/raw"},
               "transforms": [{"tokenize": {"column": "text"}}, {"decode_image": {"column": "image"}}],
               "read": 5, "written": 2, "bad": 3}
@@ -242,8 +239,8 @@ def test_null_required_and_undecodable_images(ray_cluster, local_dir, policy):
 @pytest.mark.parametrize("policy", ["skip", "quarantine"])
 def test_bad_first_file_does_not_stop_the_schema_check(local_dir, policy):
     """Under skip/quarantine the up-front schema check passes over bad records too."""
-    _put(f"{local_dir}/raw/a.jsonl", b'[1]\n{"id": 1, "score": "2"}\n')
-    _put(f"{local_dir}/raw/b.parquet", b"garbage")
+    put_bytes(f"{local_dir}/raw/a.jsonl", b'[1]\n{"id": 1, "score": "2"}\n')
+    put_bytes(f"{local_dir}/raw/b.parquet", b"garbage")
     p = Pipeline(_spec(local_dir, {"source": {"format": "jsonl", "uri": f"{local_dir}/raw"},
                                    "transforms": [{"cast": {"columns": {"score": "int32"}}}]},
                        on_error=policy))
@@ -251,8 +248,8 @@ def test_bad_first_file_does_not_stop_the_schema_check(local_dir, policy):
     with pytest.raises(Exception, match=r"a\.jsonl: line 1 \(row 0\) is a JSON list"):
         Pipeline(_spec(local_dir, {"source": {"format": "jsonl", "uri": f"{local_dir}/raw"},
                                    "transforms": []}, on_error="fail")).check()
-    _put(f"{local_dir}/pq/a.parquet", b"garbage")
-    _put(f"{local_dir}/pq/b.parquet", _parquet_bytes(pa.table({"id": [1]})))
+    put_bytes(f"{local_dir}/pq/a.parquet", b"garbage")
+    put_bytes(f"{local_dir}/pq/b.parquet", _parquet_bytes(pa.table({"id": [1]})))
     spec = _spec(local_dir, {"source": {"format": "parquet", "uri": f"{local_dir}/pq"},
                              "transforms": []}, on_error=policy)
     assert Pipeline(spec).check().names == ["id"]

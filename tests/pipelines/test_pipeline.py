@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from _harness import put_bytes
 from slicefeed.connectors import (
     AlreadyCommittedError,
     BadRecordError,
@@ -17,16 +18,12 @@ from slicefeed.connectors import (
 from slicefeed.pipelines import Pipeline
 
 
-def _put(uri: str, text: str) -> None:
-    r = resolve_filesystem(uri)
-    r.fs.makedirs(r.path.rsplit("/", 1)[0], exist_ok=True)
-    r.fs.pipe_file(r.path, text.encode())
 
 
 def _corpus(base: str, files: int = 3, rows: int = 10) -> str:
     for f in range(files):
         lines = [json.dumps({"id": f * rows + i, "score": str(i), "text": f"t{i}"}) for i in range(rows)]
-        _put(f"{base}/raw/f{f}.jsonl", "\n".join(lines) + "\n")
+        put_bytes(f"{base}/raw/f{f}.jsonl", "\n".join(lines) + "\n")
     return f"{base}/raw"
 
 
@@ -95,7 +92,7 @@ def test_transform_checked_against_source_schema_before_ray(base_uri):
 
 def test_bad_record_fail_names_file_and_row(ray_cluster, base_uri):
     _corpus(base_uri)
-    _put(f"{base_uri}/raw/f1.jsonl", '{"id": 100, "score": "7", "text": "a"}\n{"id": 101, "score": "seven", "text": "b"}\n')
+    put_bytes(f"{base_uri}/raw/f1.jsonl", '{"id": 100, "score": "7", "text": "a"}\n{"id": 101, "score": "seven", "text": "b"}\n')
     with pytest.raises(Exception) as e:
         Pipeline(_spec(base_uri)).run()
     assert e.errisinstance(BadRecordError) or "BadRecordError" in str(e.value)
@@ -107,7 +104,7 @@ def test_bad_record_fail_names_file_and_row(ray_cluster, base_uri):
 
 def test_bad_records_skip_counts_and_quarantine_writes(ray_cluster, base_uri):
     _corpus(base_uri)
-    _put(f"{base_uri}/raw/f1.jsonl", '{"id": 100, "score": "7", "text": "a"}\n{"id": 101, "score": "seven", "text": "b"}\n')
+    put_bytes(f"{base_uri}/raw/f1.jsonl", '{"id": 100, "score": "7", "text": "a"}\n{"id": 101, "score": "seven", "text": "b"}\n')
     r = Pipeline(_spec(base_uri, on_error="skip", max_error_fraction=0.5)).run()
     assert (r.rows_read, r.rows_written, r.rows_skipped, r.rows_filtered) == (22, 16, 1, 5)
     q = Pipeline(_spec(base_uri, on_error="quarantine", max_error_fraction=0.5,
@@ -130,7 +127,7 @@ def test_bad_records_skip_counts_and_quarantine_writes(ray_cluster, base_uri):
 
 def test_max_error_fraction_refuses_commit(ray_cluster, base_uri):
     _corpus(base_uri, files=1, rows=4)
-    _put(f"{base_uri}/raw/f1.jsonl", '{"id": 101, "score": "seven", "text": "b"}\n')
+    put_bytes(f"{base_uri}/raw/f1.jsonl", '{"id": 101, "score": "seven", "text": "b"}\n')
     with pytest.raises(Exception, match=r"1 of 5 rows were bad \(20.00%\), more than max_error_fraction=0.1"):
         Pipeline(_spec(base_uri, on_error="skip", max_error_fraction=0.1)).run()
     assert not resolve_filesystem(f"{base_uri}/out/_manifest.json").fs.exists(
