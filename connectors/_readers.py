@@ -30,17 +30,15 @@ import ray
 from ray.data.datasource import FileBasedDatasource
 from ray.data.datasource.file_based_datasource import FileShuffleConfig
 
-from slicefeed.connectors._errors import BadRecordError, CorruptFileError, SpecError
+from slicefeed.connectors._errors import (
+    BadRecordError,
+    CorruptFileError,
+    MissingColumnError,
+    SpecError,
+)
 from slicefeed.connectors._fs import ResolvedPath, expand_paths, has_glob, resolve_filesystem
+from slicefeed.connectors._names import ERROR_COLUMN, PROVENANCE_FILE, PROVENANCE_ROW, RAW_COLUMN
 
-PROVENANCE_FILE = "_sf_file"
-PROVENANCE_ROW = "_sf_row"
-#: Reason a record is bad (null = good). The same name as
-#: ``slicefeed.transforms.ERROR_COLUMN``: readers mark undecodable records with
-#: it when ``mark_errors=True`` (the pipeline's ``on_error: skip|quarantine``).
-ERROR_COLUMN = "_sf_error"
-#: Raw bytes of a record a reader could not decode (JSONL line, text line).
-RAW_COLUMN = "_sf_raw"
 
 _FIX_HINT = (
     "Fix or remove it, or set `on_error: skip` or `on_error: quarantine` in the "
@@ -64,7 +62,7 @@ class _SlicefeedFileDatasource(FileBasedDatasource):
         **kwargs: Any,
     ):
         if mark_errors and not provenance:
-            raise ValueError("mark_errors=True needs provenance=True: a bad record is "
+            raise SpecError("mark_errors=True needs provenance=True: a bad record is "
                              "reported by its file and row.")
         super().__init__(paths, filesystem=source.fs, **kwargs)
         self._mark_errors = mark_errors
@@ -118,7 +116,7 @@ class _SlicefeedFileDatasource(FileBasedDatasource):
         if self._columns is not None:
             missing = [c for c in self._columns if c not in table.column_names]
             if missing:
-                raise SpecError(
+                raise MissingColumnError(
                     f"{self._uri(path)}: column(s) {missing} not found; available: "
                     f"{', '.join(table.column_names)}. Fix `columns` in the source options."
                 )
@@ -164,7 +162,7 @@ class ParquetFilesDatasource(_SlicefeedFileDatasource):
         if self._columns is not None:
             missing = [c for c in self._columns if c not in pf.schema_arrow.names]
             if missing:
-                raise SpecError(
+                raise MissingColumnError(
                     f"{self._uri(path)}: column(s) {missing} not found; available: "
                     f"{', '.join(pf.schema_arrow.names)}. Fix `columns` in the source options."
                 )
@@ -563,7 +561,7 @@ def peek_schema(
     if columns is not None:
         missing = [c for c in columns if c not in schema.names]
         if missing:
-            raise SpecError(
+            raise MissingColumnError(
                 f"{shown}: column(s) {missing} not found; available: {', '.join(schema.names)}. "
                 "Fix `columns` in the source options."
             )

@@ -18,7 +18,6 @@ import json
 import os
 import platform
 import time
-import uuid
 from importlib import metadata as _md
 from typing import Any, Mapping, Sequence
 
@@ -26,12 +25,15 @@ import pyarrow as pa
 import ray
 
 from slicefeed.connectors import (
+    ERROR_COLUMN,
     PROVENANCE_FILE,
     PROVENANCE_ROW,
+    RAW_COLUMN,
     REPORT_NAME,
     AlreadyCommittedError,
     BadRecordError,
     Manifest,
+    MissingColumnError,
     SpecError,
     is_committed,
     peek_schema,
@@ -141,7 +143,6 @@ class _Stage:
             self._quarantine(bad, what if isinstance(what, str) else what.name)
 
     def __call__(self, table: pa.Table) -> pa.Table:
-        from slicefeed.connectors._readers import RAW_COLUMN
         from slicefeed.transforms import split_errors
 
         key = _batch_key(self.stage_id, table) if self.counters is not None else None
@@ -163,7 +164,7 @@ class _Stage:
             table, bad = split_errors(t(table))
             if bad.num_rows:
                 self._handle_bad(bad, t, delta)
-            if getattr(t, "reshapes_rows", False):
+            if t.reshapes_rows:
                 # Packing merges and splits rows: what goes in is not "filtered".
                 for k, v in (("in", n_in - bad.num_rows), ("out", table.num_rows)):
                     delta[f"reshaped:{t.name}:{k}"] = delta.get(f"reshaped:{t.name}:{k}", 0) + v
@@ -179,10 +180,6 @@ class _Stage:
         import hashlib
 
         import pyarrow.parquet as pq
-
-        from slicefeed.transforms import ERROR_COLUMN
-
-        from slicefeed.connectors._readers import RAW_COLUMN
 
         # Provenance and reason; for a record the reader could not decode,
         # also its raw bytes.
@@ -323,6 +320,12 @@ class Pipeline:
         if src["format"] == "dataset":
             schema = read_manifest(src["uri"], **self._storage(src)).schema
             cols = opts.get("columns")
+            missing = [c for c in cols or () if c not in schema.names]
+            if missing:
+                raise MissingColumnError(
+                    f"{src['uri']}: column(s) {missing} not in the dataset; available: "
+                    f"{', '.join(schema.names)}. Fix `columns` in the source options."
+                )
             schema = pa.schema([schema.field(c) for c in cols]) if cols else schema
             return schema.append(pa.field(PROVENANCE_FILE, pa.string())).append(
                 pa.field(PROVENANCE_ROW, pa.int64()))
@@ -401,7 +404,7 @@ class Pipeline:
             return ds
 
         for t in transforms:
-            if getattr(t, "is_dataset_op", False):
+            if t.is_dataset_op:
                 ds = flush(ds)
                 ds = t.dataset_op(ds)
             else:
@@ -412,7 +415,7 @@ class Pipeline:
         """Transforms with the ones that need statistics fitted over the data before them."""
         fitted: list[Any] = []
         for t in self.transforms:
-            if getattr(t, "needs_fit", False) and not t.is_fitted:
+            if t.needs_fit and not t.is_fitted:
                 upstream = self._build(fitted)
                 t = t.fit(upstream)
             fitted.append(t)

@@ -39,11 +39,10 @@ from typing import Any, Mapping, Sequence
 import jsonschema
 import yaml
 
-from slicefeed.connectors import SpecError
+from slicefeed.connectors import ON_ERROR_POLICIES, SpecError
 
 SOURCE_FORMATS = ("parquet", "jsonl", "csv", "text", "dataset")
 SINK_FORMATS = ("parquet",)
-ON_ERROR = ("fail", "skip", "quarantine")
 
 # Reader options each source format accepts (keyword arguments of the readers).
 SOURCE_OPTIONS = {
@@ -101,7 +100,7 @@ SCHEMA: dict[str, Any] = {
                 "storage": {"type": "object", "additionalProperties": False, "properties": _STORAGE},
             },
         },
-        "on_error": {"enum": list(ON_ERROR)},
+        "on_error": {"enum": list(ON_ERROR_POLICIES)},
         "max_error_fraction": {"type": "number", "minimum": 0, "maximum": 1},
         "placement": {
             "type": "object",
