@@ -84,7 +84,7 @@ def _say(args: argparse.Namespace, *lines: str) -> None:
 def _cmd_validate(args: argparse.Namespace) -> int:
     from slicefeed.pipelines._pipeline import load_pipeline
 
-    p = load_pipeline(args.pipeline, args.set)
+    p = load_pipeline(args.pipeline, args.set, date=args.date)
     schema = p.check()
     print(f"{args.pipeline}: valid pipeline {p.name!r} ({len(p.transforms)} transforms, "
           f"fingerprint {p.fingerprint[:12]}).")
@@ -97,7 +97,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     from slicefeed.pipelines._pipeline import load_pipeline
 
-    p = load_pipeline(args.pipeline, args.set)
+    p = load_pipeline(args.pipeline, args.set, date=args.date)
     p.check()  # before starting Ray
     _init_ray(args.address, verbose=args.verbose)
     report = p.run(overwrite=args.overwrite, progress=not args.quiet and not args.verbose,
@@ -220,6 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("pipeline", help="pipeline spec (YAML)")
             p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
                            help="override a spec value, e.g. --set sink.uri=/tmp/out (repeatable)")
+            p.add_argument("--date", default=None, metavar="YYYY-MM-DD",
+                           help="the run date for {date}/{datetime} in source and sink URIs "
+                                "(default: today, UTC)")
         if ray_:
             p.add_argument("--address", default=None,
                            help="Ray cluster to use (default: RAY_ADDRESS, else a local Ray)")

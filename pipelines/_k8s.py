@@ -117,7 +117,8 @@ def check_spec(
 
     warn = warn or _warn
     spec = load_spec(spec_path, overrides)
-    p = Pipeline(spec, source_name=spec_path)
+    # URI templates ({date}, {env:NAME}) are filled in the pod, at run time.
+    p = Pipeline(spec, source_name=spec_path, expand_templates=False)
     if "sink" not in p.spec:
         raise SpecError(f"{spec_path}: missing required key 'sink' (format and uri); "
                         "`slicefeed run` needs one.")

@@ -44,7 +44,13 @@ from slicefeed.connectors import (
     resolve_filesystem,
     write_parquet,
 )
-from slicefeed.pipelines._spec import STORAGE_OPTIONS, fingerprint, load_spec, validate_spec
+from slicefeed.pipelines._spec import (
+    STORAGE_OPTIONS,
+    expand_uri_templates,
+    fingerprint,
+    load_spec,
+    validate_spec,
+)
 
 _READERS = {"parquet": read_parquet, "jsonl": read_jsonl, "csv": read_csv, "text": read_text}
 QUARANTINE_DIR = "_quarantine"
@@ -298,6 +304,10 @@ class Pipeline:
     Args:
         spec: A spec dict (see :mod:`slicefeed.pipelines._spec`); validated here.
         source_name: Where the spec came from, for error messages.
+        date: Fixes ``{date}``/``{datetime}`` in source and sink URIs
+            (``YYYY-MM-DD``, a date or a datetime; default: now, UTC).
+        expand_templates: Fill ``{date}``, ``{datetime}``, ``{env:NAME}`` in
+            the URIs (False keeps them, e.g. to ship the spec elsewhere).
 
     Example:
         >>> p = load_pipeline("pipelines/recipes/text_lm.yaml")  # doctest: +SKIP
@@ -305,8 +315,11 @@ class Pipeline:
         >>> report = p.run()          # writes the committed sink
     """
 
-    def __init__(self, spec: Mapping[str, Any], *, source_name: str = "pipeline spec"):
+    def __init__(self, spec: Mapping[str, Any], *, source_name: str = "pipeline spec",
+                 date: Any = None, expand_templates: bool = True):
         self.spec = validate_spec(spec, source=source_name)
+        if expand_templates:
+            self.spec = expand_uri_templates(self.spec, when=date, source=source_name)
         self.source_name = source_name
         from slicefeed.transforms import transform_from_spec
 
@@ -687,15 +700,17 @@ def transform_rows(counts: Mapping[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def load_pipeline(path: str | os.PathLike[str], overrides: Sequence[str] | Mapping[str, Any] | None = None) -> Pipeline:
+def load_pipeline(path: str | os.PathLike[str], overrides: Sequence[str] | Mapping[str, Any] | None = None,
+                  *, date: Any = None) -> Pipeline:
     """Loads and validates a YAML pipeline spec.
 
     Args:
         path: The YAML file.
         overrides: ``["sink.uri=/tmp/out", "seed=3"]`` or ``{"sink.uri": "/tmp/out"}``.
+        date: The run date for ``{date}``/``{datetime}`` in URIs (default: today, UTC).
 
     Raises:
         SpecError: naming the offending key and the allowed values.
     """
     spec = load_spec(path, overrides)
-    return Pipeline(spec, source_name=os.fspath(path))
+    return Pipeline(spec, source_name=os.fspath(path), date=date)

@@ -167,3 +167,16 @@ def test_output_quiet_default_verbose_and_report(spec_file, local_dir):
     r = slicefeed("run", spec_file, "--overwrite", "-v")
     assert r.returncode == 0, r.stderr[-3000:]
     assert _ray_lines(r.stdout + r.stderr), r.stderr[-2000:]
+
+
+@pytest.mark.timeout(600)
+def test_dated_sink(spec_file, local_dir):
+    from slicefeed.connectors import is_committed, resolve_filesystem
+
+    dated = os.path.join(local_dir, "nightly", "{date}")
+    r = slicefeed("validate", spec_file, "--set", f"sink.uri={dated}", "--date", "2026-1-2")
+    assert r.returncode == 2 and "expected YYYY-MM-DD" in r.stderr, r.stderr[-2000:]
+    r = slicefeed("-q", "run", spec_file, "--set", f"sink.uri={dated}", "--date", "2026-01-02")
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = os.path.join(local_dir, "nightly", "2026-01-02")
+    assert out in r.stdout and is_committed(resolve_filesystem(out))
