@@ -383,7 +383,7 @@ def build_manifests(
             )),
         })
     if topology is not None:
-        from slicefeed.pipelines._topology import SliceSpec
+        from slicefeed.pipelines._ops.topology import SliceSpec
 
         slice_ = SliceSpec(topology, accelerator)
         tpu_container = _container(
@@ -550,7 +550,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="do not read the source to check the transforms' columns")
     p.add_argument("--kubectl-image", default=KUBECTL_IMAGE,
                    help=f"pinned image with sh and kubectl for the CronJob (default {KUBECTL_IMAGE})")
-    from slicefeed.pipelines._cli import output_flags
+    from slicefeed.pipelines._ops.cli import output_flags
 
     output_flags(p, default=argparse.SUPPRESS)
     p.add_argument("--topology", help="TPU slice topology, e.g. 4x4 (needs --accelerator)")

@@ -110,7 +110,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from slicefeed.pipelines._inspect import inspect_uri
+    from slicefeed.pipelines._ops.inspect import inspect_uri
 
     info = inspect_uri(args.uri, fmt=args.format)
     if args.json:
@@ -134,7 +134,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from slicefeed.connectors import is_committed, read_manifest, resolve_filesystem
-    from slicefeed.pipelines._demo import demo_spec, feed_jax, write_corpus
+    from slicefeed.pipelines._ops.demo import demo_spec, feed_jax, write_corpus
     from slicefeed.pipelines._pipeline import Pipeline
 
     root = os.path.abspath(args.dir)
@@ -184,8 +184,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 # Subcommands that live in their own modules: (module, function adding the parser).
 # Each sets `func` (or `handler`) to a function of the parsed args returning an exit code.
 _EXTENSIONS: list[tuple[str, str]] = [
-    ("slicefeed.pipelines._k8s", "add_parser"),
-    ("slicefeed.pipelines._slices", "add_parser"),
+    ("slicefeed.pipelines._ops.k8s", "add_parser"),
+    ("slicefeed.pipelines._ops.slices", "add_parser"),
 ]
 
 
