@@ -20,7 +20,13 @@ from slicefeed.pipelines._ops.placement import (
     placement_label_selector,
     preprocessing_placement,
 )
-from slicefeed.pipelines._spec import apply_overrides, fingerprint, load_spec, validate_spec
+from slicefeed.pipelines._spec import (
+    apply_overrides,
+    expand_uri_templates,
+    fingerprint,
+    load_spec,
+    validate_spec,
+)
 from slicefeed.pipelines._ops.topology import SliceSpec
 from slicefeed.pipelines.recipes import RECIPES, recipe_path
 
@@ -32,6 +38,7 @@ __all__ = [
     "SliceSpec",
     "apply_overrides",
     "apply_placement",
+    "expand_uri_templates",
     "fingerprint",
     "interleave",
     "load_pipeline",
