@@ -23,11 +23,16 @@ Entries (private attribute -> fallback when it is gone):
   -> the same 1-D ``NamedSharding`` over ``jax.devices()`` built here.
 - :func:`gcsfs_undecorated_request` -- ``gcsfs.GCSFileSystem._request.__wrapped__``
   -> None (callers keep gcsfs's own retry decorator).
+- :func:`quiet_ray_logging` -- the logger name of Ray's token-auth notice
+  (``ray._private.authentication...``) -> setting an unused logger's level is harmless.
+- :func:`disable_ray_data_progress_bars` -- the ``log_once`` key of Ray Data's
+  "progress bars disabled" warning -> the warning shows once.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any, Callable
 
 __all__ = [
@@ -36,7 +41,9 @@ __all__ = [
     "dataset_meta_count",
     "gcsfs_undecorated_request",
     "jax_kv_client",
+    "disable_ray_data_progress_bars",
     "jax_sharding_1d",
+    "quiet_ray_logging",
     "valid_tpu_topologies",
 ]
 
@@ -144,3 +151,37 @@ def gcsfs_undecorated_request() -> Callable[..., Any] | None:
     import gcsfs
 
     return getattr(getattr(gcsfs.GCSFileSystem, "_request", None), "__wrapped__", None)
+
+
+# Ray's logger that warns, on every local ``ray.init``, that token
+# authentication was switched on (or is off).
+_RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
+def quiet_ray_logging(verbose: bool) -> None:
+    """Hides Ray's INFO lines and token-auth notice on the console unless ``verbose``.
+
+    Ray Data's console handler (named ``console`` by its logging config) is
+    raised to WARNING; its session log files under ``/tmp/ray/session_*/logs``
+    keep everything. Call after ``import ray`` and before ``ray.init``.
+    """
+    import ray.data  # noqa: F401 - configures the "ray.data" logger
+
+    level = logging.INFO if verbose else logging.WARNING
+    for handler in logging.getLogger("ray.data").handlers:
+        if handler.get_name() == "console":
+            handler.setLevel(level)
+    logging.getLogger(_RAY_AUTH_LOGGER).setLevel(logging.INFO if verbose else logging.ERROR)
+
+
+def disable_ray_data_progress_bars() -> None:
+    """Turns Ray Data's progress bars off without its "Progress bars disabled" warning.
+
+    The warning is issued once per process under a ``log_once`` key;
+    claiming that key first keeps it off the console.
+    """
+    from ray.data import DataContext
+    from ray.util.debug import log_once
+
+    DataContext.get_current().enable_progress_bars = False
+    log_once("ray_data_progress_manager_disabled")

@@ -30,6 +30,7 @@ _LAZY = {
     "placement_label_selector": "_ops.placement",
     "preprocessing_placement": "_ops.placement",
     "apply_overrides": "_spec",
+    "expand_uri_templates": "_spec",
     "fingerprint": "_spec",
     "load_spec": "_spec",
     "validate_spec": "_spec",
@@ -46,7 +47,13 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from slicefeed.pipelines._ops.topology import SliceSpec
     from slicefeed.pipelines._pipeline import Pipeline, RunReport, load_pipeline
-    from slicefeed.pipelines._spec import apply_overrides, fingerprint, load_spec, validate_spec
+    from slicefeed.pipelines._spec import (
+        apply_overrides,
+        expand_uri_templates,
+        fingerprint,
+        load_spec,
+        validate_spec,
+    )
 
 
 def __getattr__(name: str) -> Any:
@@ -72,6 +79,7 @@ __all__ = [
     "SliceSpec",
     "apply_overrides",
     "apply_placement",
+    "expand_uri_templates",
     "fingerprint",
     "interleave",
     "load_pipeline",
