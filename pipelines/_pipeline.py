@@ -24,6 +24,7 @@ from typing import Any, Mapping, Sequence
 import pyarrow as pa
 import ray
 
+import slicefeed.connectors as connectors
 from slicefeed.connectors import (
     ERROR_COLUMN,
     PROVENANCE_FILE,
@@ -37,15 +38,12 @@ from slicefeed.connectors import (
     SpecError,
     is_committed,
     peek_schema,
-    read_csv,
     read_dataset,
-    read_jsonl,
     read_manifest,
-    read_parquet,
-    read_text,
     resolve_filesystem,
     write_parquet,
 )
+from slicefeed.connectors._formats import get_format
 from slicefeed.pipelines._spec import (
     STORAGE_OPTIONS,
     expand_uri_templates,
@@ -54,7 +52,6 @@ from slicefeed.pipelines._spec import (
     validate_spec,
 )
 
-_READERS = {"parquet": read_parquet, "jsonl": read_jsonl, "csv": read_csv, "text": read_text}
 QUARANTINE_DIR = "_quarantine"
 
 
@@ -354,7 +351,8 @@ class Pipeline:
         opts = dict(src.get("options") or {})
         if src["format"] == "dataset":
             return read_dataset(src["uri"], provenance=True, **opts, **self._storage(src))
-        return _READERS[src["format"]](
+        reader = getattr(connectors, get_format(src["format"]).reader)
+        return reader(
             src["uri"], provenance=True, mark_errors=self.spec["on_error"] != "fail",
             **opts, **self._storage(src),
         )
@@ -377,7 +375,7 @@ class Pipeline:
                 pa.field(PROVENANCE_ROW, pa.int64()))
         return peek_schema(src["format"], src["uri"], columns=opts.get("columns"),
                            provenance=True, mark_errors=self.spec["on_error"] != "fail",
-                           **self._storage(src))
+                           options=opts, **self._storage(src))
 
     def _source_sizes(self) -> list[dict[str, Any]]:
         """uri, format, file count and input bytes of each source (for the report)."""

@@ -6,7 +6,7 @@ A spec::
     seed: 0                         # randomness of seeded transforms
     source:                         # required (or `sources:`, a weighted mixture:
                                     #   [{name, format, uri, weight}, ...])
-      format: jsonl                 # parquet | jsonl | csv | text | dataset
+      format: jsonl                 # a registry format (parquet | jsonl | csv | text) or dataset
       uri: gs://bucket/raw/*.jsonl
       options: {columns: [text]}    # reader options
     transforms:                     # optional, applied in order
@@ -42,16 +42,15 @@ import jsonschema
 import yaml
 
 from slicefeed.connectors import ON_ERROR_POLICIES, SpecError
+from slicefeed.connectors._formats import FORMATS
 
-SOURCE_FORMATS = ("parquet", "jsonl", "csv", "text", "dataset")
+#: The file formats of the registry, plus ``dataset`` (a committed slicefeed dataset).
+SOURCE_FORMATS = (*FORMATS, "dataset")
 SINK_FORMATS = ("parquet",)
 
 # Reader options each source format accepts (keyword arguments of the readers).
 SOURCE_OPTIONS = {
-    "parquet": ("columns", "shuffle_seed"),
-    "jsonl": ("columns", "shuffle_seed"),
-    "csv": ("columns", "shuffle_seed", "delimiter"),
-    "text": ("shuffle_seed", "drop_empty_lines"),
+    **{name: f.spec_options for name, f in FORMATS.items()},
     "dataset": ("columns",),
 }
 SINK_OPTIONS = ("compression", "min_rows_per_file", "row_group_size")

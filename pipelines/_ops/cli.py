@@ -15,6 +15,7 @@ import time
 from typing import Any, Sequence
 
 from slicefeed.connectors import AlreadyCommittedError, SpecError
+from slicefeed.connectors._formats import FORMATS
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
@@ -112,7 +113,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from slicefeed.pipelines._ops.inspect import inspect_uri
 
-    info = inspect_uri(args.uri, fmt=args.format)
+    info = inspect_uri(args.uri, fmt=args.format, options={"delimiter": args.delimiter})
     if args.json:
         print(json.dumps(info, indent=2, default=str))
         return EXIT_OK
@@ -245,7 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="schema, rows, files and bytes of raw files or a committed dataset")
     common(p)
     p.add_argument("uri", help="a committed dataset prefix, a file, a folder or a glob")
-    p.add_argument("--format", choices=["auto", "parquet", "jsonl", "csv", "text"], default="auto")
+    p.add_argument("--format", choices=["auto", *FORMATS], default="auto")
+    p.add_argument("--delimiter", default=None,
+                   help="CSV field delimiter (default: tab for .tsv files, else comma)")
     p.add_argument("--json", action="store_true", help="print as JSON")
     p.add_argument("--max-files", type=int, default=20, help="files to list (default 20)")
     p.set_defaults(handler=_cmd_inspect)
