@@ -141,14 +141,6 @@ def write_fixed(images: np.ndarray, valid: np.ndarray, value_type: pa.DataType) 
     return pa.FixedSizeListArray.from_arrays(row, h, mask=mask)
 
 
-def _stack(images: list[np.ndarray | None], shape: tuple[int, int, int]) -> np.ndarray:
-    out = np.zeros((len(images), *shape), np.uint8)
-    for i, im in enumerate(images):
-        if im is not None:
-            out[i] = im
-    return out
-
-
 def _set(table: pa.Table, name: str, arr: pa.Array, field: pa.Field | None = None) -> pa.Table:
     field = field or pa.field(name, arr.type)
     if name in table.column_names:
@@ -426,6 +418,15 @@ class DecodeImage(_ImageTransform):
         arr = np.asarray(img)
         return arr if arr.ndim == 3 else arr[:, :, None]
 
+    def _too_big(self, img, total: int) -> str:
+        img.close()
+        return (
+            f"DecodeImage: decoding this {img.size[0]}x{img.size[1]} image in column "
+            f"{self.column!r} would bring the batch's decoded images to {total:,} bytes, "
+            f"over max_batch_bytes={self.max_batch_bytes:,}; use smaller batches, resize "
+            "while decoding (height/width), or raise max_batch_bytes"
+        )
+
     def __call__(self, table: pa.Table) -> pa.Table:
         col = table.column(self.column)
         is_path = pa.types.is_string(col.type) or pa.types.is_large_string(col.type)
@@ -434,59 +435,67 @@ class DecodeImage(_ImageTransform):
         c = MODES[self.mode]
         root = self._root() if is_path and self.root is not None else None
         pool = _pool(self.threads)
-        opened = list(pool.map(lambda item: self._open(item, is_path, root), items))
+        budget = _Budget(self.max_batch_bytes)
         reasons = np.empty(n, dtype=object)
+
+        def what(i: int) -> str:
+            return f"path {_show(items[i])}" if is_path else f"{len(items[i])} bytes"
+
+        def decode(i: int, img, need: int, out: np.ndarray | None):
+            """Decodes one opened image under the budget; ``(array, reason)``."""
+            budget.acquire(need)
+            try:
+                with img:
+                    return self._decode(img, out, i), None
+            except Exception as e:  # noqa: BLE001 - any codec failure is a bad record
+                return None, _decode_reason(self.column, what(i), e)
+            finally:
+                if out is not None:  # the variable layout keeps what it decoded
+                    budget.release(need)
+
+        if self._fixed:
+            # Rows are independent (only decodes in flight count against the
+            # bound): open, check and decode each row in one task.
+            out = np.zeros((n, self.height, self.width, c), np.uint8)
+
+            def row(i: int) -> str | None:
+                img, why = self._open(items[i], is_path, root)
+                if img is None:
+                    return why
+                need = img.size[0] * img.size[1] * c
+                if need > self.max_batch_bytes:
+                    return self._too_big(img, need)
+                return decode(i, img, need, out)[1]
+
+            reasons[:] = list(pool.map(row, range(n)))
+            bad = np.array([r is not None for r in reasons], bool)
+            if bad.any():
+                out[bad] = 0
+            table = _set(table, self.out, write_fixed(out, ~bad, pa.uint8()))
+            return mark_errors(table, bad, reasons)
+
+        # Variable layout: the decoded images are the output. Headers first, then
+        # rows admitted in row order while the batch's decoded bytes fit.
+        opened = list(pool.map(lambda item: self._open(item, is_path, root), items))
         reasons[:] = [r for _, r in opened]
-        # Full-size decoded bytes of each row; admission keeps the batch in bounds.
-        need = np.array(
-            [0 if im is None else im.size[0] * im.size[1] * c for im, _ in opened], np.int64
-        )
-        admitted = np.zeros(n, bool)
+        needs = [0] * n
+        todo = []
         held = 0
         for i, (img, _) in enumerate(opened):
             if img is None:
                 continue
-            fits = need[i] <= self.max_batch_bytes if self._fixed else held + need[i] <= self.max_batch_bytes
-            if fits:
-                admitted[i] = True
-                held += 0 if self._fixed else int(need[i])
+            needs[i] = img.size[0] * img.size[1] * c
+            if held + needs[i] > self.max_batch_bytes:
+                reasons[i] = self._too_big(img, held + needs[i])
             else:
-                img.close()
-                reasons[i] = (
-                    f"DecodeImage: decoding this {img.size[0]}x{img.size[1]} image in column "
-                    f"{self.column!r} would bring the batch's decoded images to "
-                    f"{(held if not self._fixed else 0) + int(need[i]):,} bytes, over "
-                    f"max_batch_bytes={self.max_batch_bytes:,}; use smaller batches, resize "
-                    "while decoding (height/width), or raise max_batch_bytes"
-                )
-        out = np.zeros((n, self.height, self.width, c), np.uint8) if self._fixed else None
-        budget = _Budget(self.max_batch_bytes)
-
-        def decode(i: int):
-            img = opened[i][0]
-            budget.acquire(int(need[i]))
-            try:
-                with img:
-                    return i, self._decode(img, out, i), None
-            except Exception as e:  # noqa: BLE001 - any codec failure is a bad record
-                what = f"path {_show(items[i])}" if is_path else f"{len(items[i])} bytes"
-                return i, None, _decode_reason(self.column, what, e)
-            finally:
-                if self._fixed:  # the variable layout keeps what it decoded
-                    budget.release(int(need[i]))
-
+                held += needs[i]
+                todo.append(i)
         images: list[np.ndarray | None] = [None] * n
-        for i, arr, why in pool.map(decode, np.flatnonzero(admitted).tolist()):
+        for i, (arr, why) in zip(todo, pool.map(lambda i: decode(i, opened[i][0], needs[i], None), todo)):
             images[i] = arr
-            if why is not None:
-                reasons[i] = why
+            reasons[i] = why
         bad = np.array([r is not None for r in reasons], bool)
-        if self._fixed:
-            out[bad] = 0
-            col_out = write_fixed(out, ~bad, pa.uint8())
-        else:
-            col_out = write_variable(images, c)
-        table = _set(table, self.out, col_out)
+        table = _set(table, self.out, write_variable(images, c))
         return mark_errors(table, bad, reasons)
 
 
@@ -570,6 +579,7 @@ def _pil_resize(im: np.ndarray, w: int, h: int, resample: str) -> np.ndarray:
     if im.shape[0] == h and im.shape[1] == w:
         return im
     c = im.shape[2]
+    # fromarray copies a non-contiguous view itself; a contiguous one is read in place.
     src = Image.fromarray(im[:, :, 0] if c == 1 else im)
     out = np.asarray(src.resize((w, h), _PIL_RESAMPLE[resample]))
     return out[:, :, None] if out.ndim == 2 else out
@@ -628,15 +638,23 @@ class Resize(_ImageTransform):
         col = table.column(self.column)
         _, _, c, _ = image_layout(col.type)
         images, valid = read_images(col)
-        out = []
-        for im, ok in zip(images, valid):
-            if not ok:
-                out.append(None)
-                continue
+        exact = self.shorter_side is None
+        dense = np.zeros((len(images), self.height, self.width, c), np.uint8) if exact else None
+
+        def one(i: int) -> np.ndarray | None:
+            im = images[i]
+            if not valid[i]:
+                return None
             h, w = self._size(im.shape[0], im.shape[1])
-            out.append(_pil_resize(np.ascontiguousarray(im), w, h, self.resample))
-        if self.shorter_side is None:
-            dense = _stack(out, (self.height, self.width, c))
+            r = _pil_resize(im, w, h, self.resample)
+            if exact:
+                dense[i] = r  # straight into the batch's (B, H, W, C) output
+                return None
+            return r
+
+        # Pillow resamples without the GIL: images of a batch resize in parallel.
+        out = list(_pool(None).map(one, range(len(images))))
+        if exact:
             return _set(table, self.column, write_fixed(dense, valid, pa.uint8()))
         return _set(table, self.column, write_variable(out, c))
 
