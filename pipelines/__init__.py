@@ -15,13 +15,13 @@ Importing this package does not import jax; the loader imports it when used.
 from slicefeed.pipelines._loader import JaxLoader
 from slicefeed.pipelines._mixture import interleave, mixture_report
 from slicefeed.pipelines._pipeline import Pipeline, RunReport, load_pipeline
-from slicefeed.pipelines._placement import (
+from slicefeed.pipelines._ops.placement import (
     apply_placement,
     placement_label_selector,
     preprocessing_placement,
 )
 from slicefeed.pipelines._spec import apply_overrides, fingerprint, load_spec, validate_spec
-from slicefeed.pipelines._topology import SliceSpec
+from slicefeed.pipelines._ops.topology import SliceSpec
 from slicefeed.pipelines.recipes import RECIPES, recipe_path
 
 __all__ = [

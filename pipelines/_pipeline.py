@@ -451,7 +451,7 @@ class Pipeline:
         ds.context.execution_options.preserve_order = True
         placement = (self.spec.get("placement") or {}).get("preprocess_on")
         if placement:
-            from slicefeed.pipelines._placement import apply_placement
+            from slicefeed.pipelines._ops.placement import apply_placement
 
             apply_placement(ds.context, placement)
         return ds

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from slicefeed.connectors import SpecError
-from slicefeed.pipelines._k8s import add_parser, build_manifests, render
+from slicefeed.pipelines._ops.k8s import add_parser, build_manifests, render
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 
@@ -120,7 +120,7 @@ def test_cpu_only_rayjob_validates(spec_path):
 
 
 def test_v6e_4x4_rayjob_has_tpu_group(spec_path):
-    pytest.importorskip("slicefeed.pipelines._topology", reason="SliceSpec not merged yet")
+    pytest.importorskip("slicefeed.pipelines._ops.topology", reason="SliceSpec not merged yet")
     docs = list(yaml.safe_load_all(render(
         build_manifests(spec_path, topology="4x4", accelerator="v6e", image="img")
     )))
@@ -224,7 +224,7 @@ def test_bad_arguments_are_spec_errors(spec_path, kwargs, match):
 
 
 def test_bad_topology_is_spec_error(spec_path):
-    pytest.importorskip("slicefeed.pipelines._topology", reason="SliceSpec not merged yet")
+    pytest.importorskip("slicefeed.pipelines._ops.topology", reason="SliceSpec not merged yet")
     with pytest.raises(SpecError, match="5x5"):
         build_manifests(spec_path, topology="5x5", accelerator="v6e")
 

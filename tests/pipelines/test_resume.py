@@ -35,7 +35,7 @@ N_FILES, ROWS = 20, 20
 
 _CLI = (
     "import sys; sys.path.insert(0, {here!r}); import _stall_transform; "
-    "from slicefeed.pipelines._cli import main; sys.exit(main(sys.argv[1:]))"
+    "from slicefeed.pipelines._ops.cli import main; sys.exit(main(sys.argv[1:]))"
 )
 
 

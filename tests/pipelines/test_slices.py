@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from slicefeed.pipelines._slices import SliceInfo, format_table, list_slices
+from slicefeed.pipelines._ops.slices import SliceInfo, format_table, list_slices
 
 # `slicefeed slices` through the real CLI entry point (independent of PATH).
-SLICES = [sys.executable, "-m", "slicefeed.pipelines._cli", "slices"]
+SLICES = [sys.executable, "-m", "slicefeed.pipelines._ops.cli", "slices"]
 
 
 def _run(cluster, *args, timeout=120):

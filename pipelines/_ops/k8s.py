@@ -286,7 +286,7 @@ def build_manifests(
             )),
         })
     if topology is not None:
-        from slicefeed.pipelines._topology import SliceSpec
+        from slicefeed.pipelines._ops.topology import SliceSpec
 
         slice_ = SliceSpec(topology, accelerator)
         tpu_container = _container(

@@ -74,7 +74,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from slicefeed.pipelines._inspect import inspect_uri
+    from slicefeed.pipelines._ops.inspect import inspect_uri
 
     info = inspect_uri(args.uri, fmt=args.format)
     if args.json:
@@ -97,7 +97,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from slicefeed.pipelines._demo import demo_spec, write_corpus
+    from slicefeed.pipelines._ops.demo import demo_spec, write_corpus
     from slicefeed.pipelines._pipeline import Pipeline
 
     root = os.path.abspath(args.dir)
@@ -127,8 +127,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 # Subcommands that live in their own modules: (module, function adding the parser).
 # Each sets `func` (or `handler`) to a function of the parsed args returning an exit code.
 _EXTENSIONS: list[tuple[str, str]] = [
-    ("slicefeed.pipelines._k8s", "add_parser"),
-    ("slicefeed.pipelines._slices", "add_parser"),
+    ("slicefeed.pipelines._ops.k8s", "add_parser"),
+    ("slicefeed.pipelines._ops.slices", "add_parser"),
 ]
 
 

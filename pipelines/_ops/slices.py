@@ -30,7 +30,7 @@ import sys
 from typing import Any
 
 from slicefeed.connectors import SpecError
-from slicefeed.pipelines._topology import SliceSpec
+from slicefeed.pipelines._ops.topology import SliceSpec
 
 __all__ = ["SliceInfo", "add_parser", "list_slices", "run_slices", "main"]
 
@@ -317,7 +317,7 @@ def run_slices(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m slicefeed.pipelines._slices``: the command without the full CLI."""
+    """``python -m slicefeed.pipelines._ops.slices``: the command without the full CLI."""
     parser = argparse.ArgumentParser(prog="slicefeed")
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["slices", *(sys.argv[1:] if argv is None else argv)])
