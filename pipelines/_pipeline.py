@@ -320,7 +320,21 @@ class Pipeline:
         seed = int(self.spec["seed"])
         #: Rows taken from each source of a mixture (``sources:``), once built.
         self.mixture_counts: dict[str, int] = {}
-        self.transforms = [transform_from_spec(item).with_seed(seed) for item in self.spec["transforms"]]
+        self.transforms = [
+            self._bind_storage(transform_from_spec(item).with_seed(seed))
+            for item in self.spec["transforms"]
+        ]
+
+    def _bind_storage(self, t: Any) -> Any:
+        """Transforms that read files themselves (``decode_image`` paths) read them
+        on a source's filesystem with that source's storage options."""
+        bind = getattr(t, "with_source_storage", None)
+        if bind is None:
+            return t
+        try:
+            return bind([(s["uri"], self._storage(s)) for s in self._sources()])
+        except SpecError as e:
+            raise SpecError(f"{self.source_name}: {e}") from None
 
     @property
     def name(self) -> str:
