@@ -23,6 +23,7 @@ import io
 import os
 import posixpath
 import re
+import sys
 import threading
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -30,7 +31,6 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
-from slicefeed.transforms._arrays import list_parts
 from slicefeed.transforms._base import (
     PROVENANCE_FILE,
     PROVENANCE_ROW,
@@ -58,9 +58,9 @@ def variable_type(channels: int) -> pa.DataType:
     )
 
 
-def fixed_type(h: int, w: int, c: int, value_type: pa.DataType = pa.uint8()) -> pa.DataType:
-    """Arrow type of a fixed ``(h, w, c)`` image column."""
-    return pa.list_(pa.list_(pa.list_(value_type, c), w), h)
+def fixed_type(h: int, w: int, c: int, value_type: pa.DataType | None = None) -> pa.DataType:
+    """Arrow type of a fixed ``(h, w, c)`` image column (uint8 unless ``value_type``)."""
+    return pa.list_(pa.list_(pa.list_(value_type or pa.uint8(), c), w), h)
 
 
 def image_layout(t: pa.DataType) -> tuple[str, tuple[int, ...] | None, int, pa.DataType] | None:
@@ -92,7 +92,6 @@ def read_images(col: pa.Array | pa.ChunkedArray) -> tuple[Any, np.ndarray]:
     kind, hw, c, _ = layout
     if kind == "fixed":
         h, w = hw
-        size = h * w * c
         flat = col.values.slice(col.offset * h, n * h).flatten().flatten()
         return flat.to_numpy(zero_copy_only=False).reshape(n, h, w, c), valid
     hs = col.field("height").fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
@@ -112,7 +111,6 @@ def read_images(col: pa.Array | pa.ChunkedArray) -> tuple[Any, np.ndarray]:
 
 def write_variable(images: Sequence[np.ndarray | None], channels: int) -> pa.Array:
     """A variable-layout column from ``(h, w, c)`` uint8 arrays (None -> null)."""
-    n = len(images)
     hs = np.array([0 if im is None else im.shape[0] for im in images], np.int32)
     ws = np.array([0 if im is None else im.shape[1] for im in images], np.int32)
     valid = np.array([im is not None for im in images], bool)
@@ -133,7 +131,7 @@ def write_variable(images: Sequence[np.ndarray | None], channels: int) -> pa.Arr
 
 def write_fixed(images: np.ndarray, valid: np.ndarray, value_type: pa.DataType) -> pa.Array:
     """A fixed-layout column from a dense ``(B, H, W, C)`` array."""
-    n, h, w, c = images.shape
+    _, h, w, c = images.shape
     vals = pa.array(np.ascontiguousarray(images).reshape(-1), type=value_type)
     inner = pa.FixedSizeListArray.from_arrays(vals, c)
     row = pa.FixedSizeListArray.from_arrays(inner, w)
@@ -251,7 +249,7 @@ class DecodeImage(_ImageTransform):
             measured difference). ``false`` gives Pillow's full-size result.
         threads: Images decoded concurrently (Pillow releases the GIL while
             decoding and resampling); default: the CPUs this process may use,
-            at most 8.
+            at most 8 (inside a Ray task: the CPUs Ray assigned to it).
     """
 
     name: ClassVar[str] = "decode_image"
@@ -523,18 +521,23 @@ class _Budget:
             self.cv.notify_all()
 
 
+class _Inline:
+    """``map`` on the calling thread (one thread: no pool hand-offs)."""
+
+    map = staticmethod(map)
+
+
+_INLINE = _Inline()
 _POOLS: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
 _POOLS_LOCK = threading.Lock()
 
 
-def _pool(threads: int | None) -> concurrent.futures.ThreadPoolExecutor:
+def _pool(threads: int | None) -> concurrent.futures.ThreadPoolExecutor | _Inline:
     """A per-process thread pool (one per size), created on first use."""
     if threads is None:
-        try:
-            threads = len(os.sched_getaffinity(0))
-        except AttributeError:  # pragma: no cover - not Linux
-            threads = os.cpu_count() or 1
-        threads = max(1, min(8, threads))
+        threads = _cpus()
+    if threads == 1:
+        return _INLINE
     with _POOLS_LOCK:
         pool = _POOLS.get(threads)
         if pool is None:
@@ -542,6 +545,24 @@ def _pool(threads: int | None) -> concurrent.futures.ThreadPoolExecutor:
                 threads, thread_name_prefix="slicefeed-decode"
             )
         return pool
+
+
+def _cpus() -> int:
+    """CPUs this process may use, at most 8: inside a Ray task, the CPUs Ray
+    assigned to it (Ray already runs one task per CPU); otherwise the affinity set."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        try:
+            cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
+        except AssertionError:  # Ray's answer in a driver: not a task
+            cpus = None
+        if cpus:
+            return max(1, min(8, int(cpus)))
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        n = os.cpu_count() or 1
+    return max(1, min(8, n))
 
 
 def _decode_reason(column: str, what: str, e: Exception) -> str:
@@ -900,7 +921,7 @@ class NormalizeImage(_ImageTransform):
     def __call__(self, table: pa.Table) -> pa.Table:
         col = table.column(self.column)
         images, valid = read_images(col)
-        n, h, w, c = images.shape
+        _, h, w, c = images.shape
         if self.dtype == "uint8":
             out = images
         else:
