@@ -465,7 +465,7 @@ class DecodeImage(_ImageTransform):
                     return self._too_big(img, need)
                 return decode(i, img, need, out)[1]
 
-            reasons[:] = list(pool.map(row, range(n)))
+            reasons[:] = _map_chunked(pool, row, range(n))
             bad = np.array([r is not None for r in reasons], bool)
             if bad.any():
                 out[bad] = 0
@@ -474,7 +474,9 @@ class DecodeImage(_ImageTransform):
 
         # Variable layout: the decoded images are the output. Headers first, then
         # rows admitted in row order while the batch's decoded bytes fit.
-        opened = list(pool.map(lambda item: self._open(item, is_path, root), items))
+        # Headers of in-memory bytes are parsed in Python (GIL-bound): no pool.
+        opener = pool if is_path else _INLINE
+        opened = list(opener.map(lambda item: self._open(item, is_path, root), items))
         reasons[:] = [r for _, r in opened]
         needs = [0] * n
         todo = []
@@ -489,7 +491,8 @@ class DecodeImage(_ImageTransform):
                 held += needs[i]
                 todo.append(i)
         images: list[np.ndarray | None] = [None] * n
-        for i, (arr, why) in zip(todo, pool.map(lambda i: decode(i, opened[i][0], needs[i], None), todo)):
+        done = _map_chunked(pool, lambda i: decode(i, opened[i][0], needs[i], None), todo)
+        for i, (arr, why) in zip(todo, done):
             images[i] = arr
             reasons[i] = why
         bad = np.array([r is not None for r in reasons], bool)
@@ -524,15 +527,31 @@ class _Budget:
 class _Inline:
     """``map`` on the calling thread (one thread: no pool hand-offs)."""
 
+    size = 1
     map = staticmethod(map)
 
 
+class _Pool:
+    """A thread pool of ``size`` threads."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            size, thread_name_prefix="slicefeed-decode"
+        )
+
+    def map(self, fn: Any, items: Any) -> Any:
+        return self._executor.map(fn, items)
+
+
 _INLINE = _Inline()
-_POOLS: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
+_POOLS: dict[int, _Pool] = {}
 _POOLS_LOCK = threading.Lock()
+# A forked child has the pools' objects but not their threads: start afresh.
+os.register_at_fork(after_in_child=_POOLS.clear)
 
 
-def _pool(threads: int | None) -> concurrent.futures.ThreadPoolExecutor | _Inline:
+def _pool(threads: int | None) -> _Pool | _Inline:
     """A per-process thread pool (one per size), created on first use."""
     if threads is None:
         threads = _cpus()
@@ -541,10 +560,18 @@ def _pool(threads: int | None) -> concurrent.futures.ThreadPoolExecutor | _Inlin
     with _POOLS_LOCK:
         pool = _POOLS.get(threads)
         if pool is None:
-            pool = _POOLS[threads] = concurrent.futures.ThreadPoolExecutor(
-                threads, thread_name_prefix="slicefeed-decode"
-            )
+            pool = _POOLS[threads] = _Pool(threads)
         return pool
+
+
+def _map_chunked(pool: Any, fn: Any, items: Sequence[Any]) -> list[Any]:
+    """``[fn(x) for x in items]`` on ``pool``, a few contiguous chunks per thread
+    (fewer hand-offs than one task per image; chunks still balance uneven images)."""
+    if pool.size == 1 or len(items) < 2:
+        return [fn(x) for x in items]
+    k = max(1, len(items) // (4 * pool.size))
+    chunks = [items[i : i + k] for i in range(0, len(items), k)]
+    return [y for part in pool.map(lambda c: [fn(x) for x in c], chunks) for y in part]
 
 
 def _cpus() -> int:
@@ -674,7 +701,7 @@ class Resize(_ImageTransform):
             return r
 
         # Pillow resamples without the GIL: images of a batch resize in parallel.
-        out = list(_pool(None).map(one, range(len(images))))
+        out = _map_chunked(_pool(None), one, range(len(images)))
         if exact:
             return _set(table, self.column, write_fixed(dense, valid, pa.uint8()))
         return _set(table, self.column, write_variable(out, c))
