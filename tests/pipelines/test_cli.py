@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import yaml
+from slicefeed.connectors import is_committed
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -54,7 +55,7 @@ def test_demo_runs_and_is_idempotent(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "demo: wrote 2000 JSONL documents in 4 files" in r.stdout
     assert "text-lm: read 2000 rows, wrote" in r.stdout and "rows/s" in r.stdout
-    assert os.path.exists(os.path.join(out_dir, "out", "_manifest.json"))
+    assert is_committed(os.path.join(out_dir, "out"))
     r = slicefeed("inspect", os.path.join(out_dir, "out"), "--json")
     assert r.returncode == 0, r.stderr
     info = json.loads(r.stdout)
