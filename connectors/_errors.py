@@ -1,7 +1,7 @@
 """Exceptions raised by slicefeed.
 
 They live in one module and pickle cleanly, because they cross Ray worker
-boundaries (STYLE.md, "Errors"). Storage errors are builtins
+boundaries. Storage errors are builtins
 (``FileNotFoundError``, ``PermissionError``) with the URI in the message; the
 classes here cover what has no builtin.
 """
@@ -18,7 +18,7 @@ class SpecError(SlicefeedError, ValueError):
 
 
 class NotCommittedError(SlicefeedError, FileNotFoundError):
-    """A prefix holds no committed dataset (no ``_manifest.json``)."""
+    """A prefix holds no committed dataset (no manifest version), or not the version asked for."""
 
 
 class AlreadyCommittedError(SlicefeedError, FileExistsError):
@@ -55,3 +55,16 @@ class CommitConflictError(SlicefeedError, RuntimeError):
 
 class ShardMismatchError(SlicefeedError, OSError):
     """A shard differs from what its manifest records (size, checksum, rows). Names it."""
+
+
+class MissingColumnError(SpecError, KeyError):
+    """A column named by a spec, a reader option or an argument does not exist.
+
+    One type for every place that looks a column up (readers, ``read_dataset``,
+    transforms, the loader); a ``SpecError`` for the CLI and a ``KeyError`` for
+    callers that catch a missing key.
+    """
+
+    def __str__(self) -> str:
+        # KeyError would quote the message; keep it readable.
+        return str(self.args[0]) if self.args else ""

@@ -26,6 +26,7 @@ import ray
 from ray.data.block import Block, BlockAccessor
 from ray.data.datasource import Datasink
 from ray.data.datasource.datasink import WriteResult
+
 from slicefeed.connectors._commit import (
     SHARD_PREFIX,
     Lease,
@@ -38,6 +39,7 @@ from slicefeed.connectors._commit import (
 )
 from slicefeed.connectors._errors import (
     AlreadyCommittedError,
+    MissingColumnError,
     CommitConflictError,
     CorruptManifestError,
 )
@@ -361,7 +363,7 @@ def read_dataset(
     if columns is not None:
         missing = [c for c in columns if c not in manifest.schema.names]
         if missing:
-            raise KeyError(
+            raise MissingColumnError(
                 f"{target.uri}: column(s) {missing} not in the dataset; available: "
                 f"{', '.join(manifest.schema.names)}."
             )

@@ -177,8 +177,7 @@ def test_version_1_manifest_reads_as_version_1_and_overwrite_makes_2(ray_cluster
 def test_lost_create_response_is_read_back(gcs, bucket):
     """The version create reaches GCS but its response is lost; gcsfs retries and
     gets 412: the writer reads the object back, finds its own id, and has won."""
-    sys.path.insert(0, os.path.dirname(HERE))
-    from _faultproxy import FaultProxy
+    from tests._faultproxy import FaultProxy
     from slicefeed.connectors import Manifest
     from slicefeed.connectors._writers import commit_version
 

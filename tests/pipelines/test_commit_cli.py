@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import yaml
-from _harness import put_bytes
+from tests._harness import put_bytes
 from slicefeed.connectors import (
     current_version,
     list_versions,
@@ -22,8 +22,8 @@ from slicefeed.connectors import (
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 _CLI = (
-    "import sys; sys.path.insert(0, {here!r}); import _barrier_transform; "
-    "from slicefeed.pipelines._cli import main; sys.exit(main(sys.argv[1:]))"
+    "import sys; sys.path.insert(0, {root!r}); import tests.pipelines._barrier_transform; "
+    "from slicefeed.pipelines._ops.cli import main; sys.exit(main(sys.argv[1:]))"
 )
 
 
@@ -35,7 +35,7 @@ def _cli(*args: str, cluster: bool = True) -> subprocess.Popen:
 
         env["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
     return subprocess.Popen(
-        [sys.executable, "-c", _CLI.format(here=HERE), *args], env=env,
+        [sys.executable, "-c", _CLI.format(root=os.path.dirname(os.path.dirname(HERE))), *args], env=env,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )
 
@@ -142,6 +142,7 @@ def test_failed_overwrite_keeps_previous_version_then_vacuum(ray_cluster, local_
     lambda raw: raw + "/sub/..",                       # '..'
     lambda raw: os.path.dirname(raw),                  # contains the source
     lambda raw: raw + "/out",                          # inside the source
+    lambda raw: raw + "/{date}/..",                    # a template that expands to it
 ])
 def test_sink_overlapping_source_is_refused(local_dir, tmp_path, sink_of):
     raw = os.path.join(local_dir, "raw")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _data import make_table
+from tests.pipelines._data import make_table
 
 
 @pytest.fixture
