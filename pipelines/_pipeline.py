@@ -29,18 +29,27 @@ from slicefeed.connectors import (
     ERROR_COLUMN,
     PROVENANCE_FILE,
     PROVENANCE_ROW,
+    QUARANTINE_DIR,
     RAW_COLUMN,
     REPORT_NAME,
+    REPORTS_DIR,
     AlreadyCommittedError,
     BadRecordError,
+    CommitConflictError,
+    CorruptManifestError,
+    InputFile,
     Manifest,
     MissingColumnError,
     SpecError,
+    check_sink_outside_sources,
     is_committed,
+    list_inputs,
+    new_writer_id,
     peek_schema,
     read_dataset,
     read_manifest,
     resolve_filesystem,
+    write_atomic,
     write_parquet,
 )
 from slicefeed.connectors._formats import get_format
@@ -52,7 +61,6 @@ from slicefeed.pipelines._spec import (
     validate_spec,
 )
 
-QUARANTINE_DIR = "_quarantine"
 
 
 def _versions() -> dict[str, str]:
@@ -411,13 +419,35 @@ class Pipeline:
             out.append(entry)
         return out
 
-    def check(self) -> pa.Schema:
-        """Checks the transforms against the source schema; returns the output schema.
+    def check_sink(self) -> None:
+        """Refuses a sink that equals, contains or lies inside a source (no storage access).
 
         Raises:
-            SpecError: naming the transform and the missing/mistyped column.
+            SpecError: naming the sink and the source.
+        """
+        if "sink" in self.spec:
+            check_sink_outside_sources(
+                self.spec["sink"]["uri"], [s["uri"] for s in self._sources()],
+                where=self.source_name,
+            )
+
+    def input_listing(self) -> tuple[InputFile, ...]:
+        """The input files (path, size, generation or mtime) this run reads, as listed now.
+
+        Stored in the manifest beside the fingerprint.
+        """
+        return list_inputs([(s["uri"], s["format"], self._storage(s)) for s in self._sources()])
+
+    def check(self) -> pa.Schema:
+        """Checks the sink and the transforms against the source schema; returns the output schema.
+
+        Raises:
+            SpecError: naming the transform and the missing/mistyped column,
+                or a sink that overlaps a source.
         """
         from slicefeed.transforms import check_transforms
+
+        self.check_sink()
 
         schema = self.source_schema()
         try:
@@ -535,18 +565,21 @@ class Pipeline:
             raise SpecError(f"{self.source_name}: missing required key 'sink' (format and uri) "
                             "to run; use dataset() for a pipeline without a sink.")
         sink = self.spec["sink"]
+        self.check_sink()
         storage = self._storage(sink)
         target = resolve_filesystem(sink["uri"], **storage)
         fp = self.fingerprint
+        existing = None
         if is_committed(target):
-            existing = read_manifest(target)
+            try:
+                existing = read_manifest(target)
+            except CorruptManifestError:
+                # An overwrite replaces it (the writer keeps the bad file aside).
+                if not overwrite:
+                    raise
+        if existing is not None:
             if existing.fingerprint == fp and not overwrite:
-                return RunReport(
-                    name=self.name, status="already_committed", sink=target.uri, fingerprint=fp,
-                    rows_read=0, rows_written=existing.num_rows, rows_filtered=0, rows_skipped=0,
-                    rows_quarantined=0, files=len(existing.files), bytes_written=existing.num_bytes,
-                    wall_s=0.0, rows_per_s=0.0, run_id=existing.metadata.get("run_id", ""),
-                )
+                return _already_committed(self.name, target.uri, fp, existing)
             if not overwrite:
                 raise AlreadyCommittedError(
                     f"{target.uri} already holds a committed dataset written by another pipeline "
@@ -555,13 +588,16 @@ class Pipeline:
                 )
         t0 = time.perf_counter()
         self.check()
+        inputs = self.input_listing()
         fitted = self._fitted()
         counters = _Counters.remote()
-        quarantine = target.join(QUARANTINE_DIR) if self.spec["on_error"] == "quarantine" else None
-        # What a crashed or replaced run left beside the data must not be
-        # mistaken for this run's: its quarantine and its report go first.
-        _remove(target.join(QUARANTINE_DIR), recursive=True)
-        _remove(target.join(REPORT_NAME))
+        # Everything this run writes beside the data is named by its writer id
+        # and recorded in its manifest version: a failed or losing run leaves
+        # the committed version's report and quarantine alone.
+        writer = new_writer_id()
+        quarantine_rel = f"{QUARANTINE_DIR}/{writer}" if self.spec["on_error"] == "quarantine" else None
+        quarantine = target.join(quarantine_rel) if quarantine_rel else None
+        report_rel = f"{REPORTS_DIR}/{writer}.json"
         ds = self.dataset(_counters=counters, _quarantine=quarantine, _fitted=fitted)
         fit_stats = {f"{i}:{t.name}": t.stats() for i, t in enumerate(fitted) if t.stats()}
         max_frac = float(self.spec["max_error_fraction"])
@@ -581,17 +617,30 @@ class Pipeline:
             return write_parquet(
                 ds, target.uri, fingerprint=fp, overwrite=overwrite,
                 metadata={"pipeline": self.name, "seed": self.spec["seed"], "fit_stats": fit_stats},
-                before_commit=before_commit, **dict(sink.get("options") or {}), **storage,
+                before_commit=before_commit, inputs=inputs, writer_id=writer, report=report_rel,
+                quarantine=quarantine_rel, **dict(sink.get("options") or {}), **storage,
             )
 
-        if progress:
-            from slicefeed.pipelines._progress import Progress
+        try:
+            if progress:
+                from slicefeed.pipelines._progress import Progress
 
-            with Progress(self.name, lambda: ray.get(counters.get.remote(), timeout=30),
-                          interval=progress_interval):
+                with Progress(self.name, lambda: ray.get(counters.get.remote(), timeout=30),
+                              interval=progress_interval):
+                    manifest = write()
+            else:
                 manifest = write()
-        else:
-            manifest = write()
+        except (CommitConflictError, AlreadyCommittedError) as e:
+            # Another run committed first (while this one wrote, or since the
+            # check above). Same pipeline over the same inputs: its result is
+            # this run's result.
+            ray.kill(counters)
+            version = getattr(e, "version", None)
+            if version is not None or isinstance(e, AlreadyCommittedError):
+                winner = read_manifest(target, version=version)
+                if winner.fingerprint == fp and winner.inputs == inputs:
+                    return _already_committed(self.name, target.uri, fp, winner)
+            raise
         wall = time.perf_counter() - t0
         c = ray.get(counters.get.remote())
         ray.kill(counters)
@@ -631,17 +680,20 @@ class Pipeline:
             run_id=manifest.metadata.get("run_id", ""),
             transforms=transform_rows(c), bytes_in_memory=int(c.get("bytes_out", 0)),
         )
-        out = target.join(REPORT_NAME)
-        out.fs.pipe_file(out.path, json.dumps(report.to_dict(), indent=2, default=str).encode())
+        doc = json.dumps(report.to_dict(), indent=2, default=str).encode()
+        write_atomic(target.join(report_rel), doc)
+        # Convenience copy for the latest commit; the manifest names the report.
+        write_atomic(target.join(REPORT_NAME), doc)
         return report
 
 
-def _remove(path: Any, *, recursive: bool = False) -> None:
-    try:
-        if path.fs.exists(path.path):
-            path.fs.rm(path.path, recursive=recursive)
-    except FileNotFoundError:
-        pass
+def _already_committed(name: str, uri: str, fp: str, m: Manifest) -> RunReport:
+    return RunReport(
+        name=name, status="already_committed", sink=uri, fingerprint=fp,
+        rows_read=0, rows_written=m.num_rows, rows_filtered=0, rows_skipped=0,
+        rows_quarantined=0, files=len(m.files), bytes_written=m.num_bytes,
+        wall_s=0.0, rows_per_s=0.0, run_id=m.metadata.get("run_id", ""),
+    )
 
 
 def _ray_stats(ds: ray.data.Dataset) -> str:
