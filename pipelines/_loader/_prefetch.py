@@ -49,6 +49,8 @@ class Runtime:
                 kind, item = self._queue.get(timeout=_POLL_S)
                 break
             except queue.Empty:
+                if self.stop.is_set():  # closed while waiting
+                    raise StopIteration from None
                 if not self._thread.is_alive() and self._queue.empty():
                     raise RuntimeError("JaxLoader: the prefetch thread ended without a result.")
         self._slots.release()

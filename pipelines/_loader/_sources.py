@@ -73,13 +73,18 @@ def arrow_schema(schema: Any) -> pa.Schema:
     base = getattr(schema, "base_schema", None)
     if isinstance(base, pa.Schema):
         return base
-    # Pandas blocks: Ray describes each column with a DataType that knows its
-    # Arrow equivalent (Ray converts pandas blocks to Arrow when asked for
-    # batch_format="pyarrow", which is how the loader reads them).
+    # Pandas blocks: Ray gives each column's Arrow type (or a dtype that has one);
+    # Ray converts pandas blocks to Arrow for batch_format="pyarrow", which is
+    # how the loader reads them.
     fields = []
     for name, t in zip(schema.names, schema.types):
         try:
-            at = t.to_arrow_dtype() if hasattr(t, "to_arrow_dtype") else pa.from_numpy_dtype(t)
+            if isinstance(t, pa.DataType):
+                at = t
+            elif hasattr(t, "to_arrow_dtype"):
+                at = t.to_arrow_dtype()
+            else:
+                at = pa.from_numpy_dtype(t)
         except Exception as e:  # noqa: BLE001 - reported with the column
             raise SpecError(
                 f"JaxLoader: column {name!r} has type {t}, which has no Arrow equivalent; "
