@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 
-def dataset_row_count_if_known(ds: Any) -> int | None:
+def dataset_meta_count(ds: Any) -> int | None:
     """Rows of a ``ray.data.Dataset`` when Ray knows them without executing it
     (Parquet footers, in-memory blocks); ``None`` otherwise."""
     meta_count = getattr(ds, "_meta_count", None)
@@ -36,7 +36,7 @@ def dataset_preserving_order(ds: Any) -> Any:
     return out
 
 
-def distributed_kv_client() -> Any:
+def jax_kv_client() -> Any:
     """jax.distributed's key-value client, or ``None`` when not initialised."""
     try:
         from jax._src import distributed

@@ -33,7 +33,7 @@ class Agreement:
         self.uid = next(_counter)
 
     def _client(self):
-        client = _compat.distributed_kv_client()
+        client = _compat.jax_kv_client()
         if client is None:
             raise RuntimeError(
                 "JaxLoader: jax.process_count() > 1 but jax.distributed has no client; "

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import threading
 import time
 import weakref
 from typing import Any, Mapping
-
-import threading
 
 from slicefeed.connectors import SpecError
 from slicefeed.pipelines._loader import _plan

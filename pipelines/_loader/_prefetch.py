@@ -52,7 +52,9 @@ class Runtime:
                 if self.stop.is_set():  # closed while waiting
                     raise StopIteration from None
                 if not self._thread.is_alive() and self._queue.empty():
-                    raise RuntimeError("JaxLoader: the prefetch thread ended without a result.")
+                    raise RuntimeError(
+                        "JaxLoader: the prefetch thread ended without a result."
+                    ) from None
         self._slots.release()
         if kind == "end":
             raise StopIteration

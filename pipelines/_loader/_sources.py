@@ -122,7 +122,7 @@ class RaySource:
         self.kind = kind
         if kind == "dataset":
             self.obj = _compat.dataset_preserving_order(obj)
-            self._local_rows = _compat.dataset_row_count_if_known(self.obj)
+            self._local_rows = _compat.dataset_meta_count(self.obj)
         else:
             self.obj = obj
             self._local_rows = None

@@ -7,7 +7,6 @@ import json
 import os
 import sys
 
-import pytest
 from conftest import run_worker, wait_all
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -68,3 +67,24 @@ def test_two_hosts_unequal_shards(committed, ray_address, tmp_path):
     assert reports[0]["known-pad"]["steps_per_epoch"] == -(-61 // 8)
     assert len(reports[0]["unknown-pad"]["sums"]) == 2 * -(-61 // 8)
     assert len(reports[0]["unknown-drop"]["sums"]) == 2 * (37 // 8)
+
+
+def test_close_returns_while_an_exchange_waits(ray_address, tmp_path):
+    """close() returns within a second while the prefetch thread waits for a host
+    that never reports (the key-value wait polls; a blocking get cannot be interrupted)."""
+    port = free_port()
+    out = str(tmp_path / "close.json")
+    procs = [
+        run_worker(
+            "_close_worker.py",
+            {"coordinator": f"127.0.0.1:{port}", "process_id": pid,
+             "address": ray_address, "out": out},
+            env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"},
+        )
+        for pid in range(2)
+    ]
+    wait_all(procs, timeout=240)
+    r = json.load(open(out))
+    assert r["close_s"] < 1.0, r
+    assert r["consumer_returned"] and r["next"] == "StopIteration", r
+    assert r["threads_left"] == [], r
