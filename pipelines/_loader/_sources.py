@@ -118,8 +118,9 @@ def _batches_of(tables: Iterator[pa.Table], rows: int) -> Iterator[pa.Table]:
 class RaySource:
     """A ``ray.data.Dataset`` (read in block order) or a ``DataIterator``."""
 
-    def __init__(self, obj: Any, kind: str):
+    def __init__(self, obj: Any, kind: str, schema: pa.Schema | None = None):
         self.kind = kind
+        self._schema = schema  # known statically (a Pipeline's checked output schema)
         if kind == "dataset":
             self.obj = _compat.dataset_preserving_order(obj)
             self._local_rows = _compat.dataset_meta_count(self.obj)
@@ -128,6 +129,9 @@ class RaySource:
             self._local_rows = None
 
     def schema(self) -> pa.Schema:
+        if self._schema is not None:
+            return self._schema
+        # Ray may execute the Dataset (its first block) to answer this.
         return arrow_schema(self.obj.schema())
 
     def fingerprint(self) -> dict:
@@ -335,13 +339,18 @@ def make_source(source: Any, fs_kwargs: Mapping[str, Any]) -> Source:
     if isinstance(source, ray.data.DataIterator):
         return RaySource(source, "iterator")
     if callable(getattr(source, "dataset", None)):
+        # A slicefeed Pipeline knows its output schema without running
+        # (``check()``, what ``slicefeed validate`` computes): asking the Dataset
+        # instead would execute the pipeline once more than the epochs need.
+        check = getattr(source, "check", None)
+        schema = check() if callable(check) else None
         ds = source.dataset()
         if not isinstance(ds, ray.data.Dataset):
             raise SpecError(
                 f"JaxLoader: {type(source).__name__}.dataset() returned "
                 f"{type(ds).__name__}, expected a ray.data.Dataset."
             )
-        return RaySource(ds, "dataset")
+        return RaySource(ds, "dataset", schema if isinstance(schema, pa.Schema) else None)
     raise SpecError(
         f"JaxLoader: unsupported source {type(source).__name__}; pass a ray.data.Dataset, "
         "a ray.data.DataIterator (ray.train.get_dataset_shard), a pipeline with "
