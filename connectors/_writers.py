@@ -257,6 +257,7 @@ def read_dataset(
     *,
     columns: Sequence[str] | None = None,
     provenance: bool = False,
+    shard: tuple[int, int] | None = None,
     **kwargs: Any,
 ) -> ray.data.Dataset:
     """Lazily reads the committed dataset at ``uri``, through its manifest only.
@@ -268,6 +269,7 @@ def read_dataset(
         uri: The dataset prefix.
         columns: Columns to read (projection).
         provenance: Add ``_sf_file`` (shard name) and ``_sf_row`` columns.
+        shard: ``(index, count)``: read only the manifest's files ``index::count``.
         **kwargs: ``credentials``/``anonymous``/``project``/``storage_options`` go to
             :func:`resolve_filesystem`; the rest to ``ray.data.read_parquet``.
 
@@ -275,7 +277,7 @@ def read_dataset(
         NotCommittedError: ``uri`` has no manifest.
         FileNotFoundError: A file the manifest lists is missing.
     """
-    from slicefeed.connectors._readers import ParquetFilesDatasource, _split_kwargs
+    from slicefeed.connectors._readers import ParquetFilesDatasource, _split_kwargs, shard_files
 
     fs_kwargs, ray_kwargs = _split_kwargs(dict(kwargs))
     target = resolve_filesystem(uri, **fs_kwargs)
@@ -289,7 +291,8 @@ def read_dataset(
             )
     if not manifest.files:
         return ray.data.from_arrow(manifest.schema.empty_table())
-    paths = [target.join(f.path).path for f in manifest.files]
+    files = shard_files(list(manifest.files), shard, uri=target.uri)
+    paths = [target.join(f.path).path for f in files]
     if provenance:
         return ray.data.read_datasource(
             ParquetFilesDatasource(paths, source=target, columns=columns, provenance=True),

@@ -59,8 +59,8 @@ class JaxLoader:
 
     Args:
         source: ``ray.data.Dataset`` (any block format), ``DataIterator``
-            (``ray.train.get_dataset_shard``), an object with ``.dataset()``
-            (a slicefeed ``Pipeline``), or the URI of a committed dataset.
+            (``ray.train.get_dataset_shard``), a slicefeed ``Pipeline`` (or any
+            object with ``.dataset()``), or the URI of a committed dataset.
         global_batch_size: Rows per step across all hosts.
         columns: Columns to load (default: all); ``exclude``: columns to leave out.
         dtypes: Host-side, range-checked casts, column -> dtype (NumPy / JAX
@@ -80,6 +80,11 @@ class JaxLoader:
             process on ``local_read_ahead`` threads; ``"ray"`` runs one Ray Data
             task per window. Same batches either way.
         local_read_ahead: Windows read ahead with ``reader="local"``.
+        host_local: The source (a Dataset, or an object with ``.dataset()``) holds
+            only this host's own rows. Without it, on several JAX processes a
+            Dataset is refused (every process would deliver all of it); a
+            committed URI and a slicefeed ``Pipeline`` (split by input files) are
+            split per host, a ``DataIterator`` is already split by Ray Train.
 
     Raises:
         SpecError: Bad arguments; unknown, string, unpadded or 64-bit columns
@@ -113,6 +118,7 @@ class JaxLoader:
         storage_options: Mapping[str, Any] | None = None,
         reader: str = "local",
         local_read_ahead: int = 2,
+        host_local: bool = False,
     ):
         import jax
 
@@ -136,6 +142,7 @@ class JaxLoader:
             storage_options=storage_options,
             reader=reader,
             local_read_ahead=local_read_ahead,
+            host_local=host_local,
         )
         self.options = opts
         placement = Placement(opts.global_batch_size, mesh=mesh, partition_spec=partition_spec)
@@ -145,7 +152,13 @@ class JaxLoader:
         self.process_index = placement.process_index
         self.sharding = placement.sharding
 
-        src = make_source(source, opts.storage_options)
+        src = make_source(
+            source,
+            opts.storage_options,
+            process_index=self.process_index,
+            process_count=self.process_count,
+            host_local=opts.host_local,
+        )
         specs = plan_columns(
             src.schema(),
             columns=list(opts.columns) if opts.columns is not None else None,

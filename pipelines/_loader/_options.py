@@ -35,6 +35,7 @@ class LoaderOptions:
     storage_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     reader: str = "local"
     local_read_ahead: int = 2
+    host_local: bool = False
 
     def __post_init__(self):
         def fix(name, value):
@@ -85,4 +86,5 @@ class LoaderOptions:
                 )
             fix(name, dict(v))
         fix("shuffle", bool(self.shuffle))
+        fix("host_local", bool(self.host_local))
         fix("sync_timeout_s", float(self.sync_timeout_s))

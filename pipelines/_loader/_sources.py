@@ -324,17 +324,44 @@ class ManifestSource:
         return f"file {path!r} row {file_row}"
 
 
-def make_source(source: Any, fs_kwargs: Mapping[str, Any]) -> Source:
+def _refuse_shared(what: str, process_count: int) -> SpecError:
+    return SpecError(
+        f"JaxLoader: {what} on {process_count} JAX processes: every process would execute "
+        "all of it and deliver every row once per process. Pass the URI of a committed "
+        "dataset or a slicefeed Pipeline (both are split across hosts), or inside Ray Train "
+        "ray.train.get_dataset_shard(...); if this Dataset already holds only this host's "
+        "own rows, say so with host_local=True."
+    )
+
+
+def make_source(
+    source: Any,
+    fs_kwargs: Mapping[str, Any],
+    *,
+    process_index: int = 0,
+    process_count: int = 1,
+    host_local: bool = False,
+) -> Source:
     """The :class:`Source` for what the user passed.
 
+    With more than one process, a slicefeed ``Pipeline`` is split by input
+    files (host ``i`` of ``n`` reads files ``i::n``); a ``ray.data.Dataset`` is
+    refused unless ``host_local`` says it is this host's own data.
+
     Raises:
-        SpecError: an unsupported source, or a ``.dataset()`` that returns no Dataset.
+        SpecError: an unsupported source, a ``.dataset()`` that returns no
+            Dataset, or a Dataset shared by several processes.
     """
     import ray.data
 
+    from slicefeed.pipelines._pipeline import Pipeline
+
+    shared = process_count > 1 and not host_local
     if isinstance(source, str) or hasattr(source, "__fspath__"):
         return ManifestSource(str(source), fs_kwargs)
     if isinstance(source, ray.data.Dataset):
+        if shared:
+            raise _refuse_shared("a ray.data.Dataset", process_count)
         return RaySource(source, "dataset")
     if isinstance(source, ray.data.DataIterator):
         return RaySource(source, "iterator")
@@ -344,7 +371,12 @@ def make_source(source: Any, fs_kwargs: Mapping[str, Any]) -> Source:
         # instead would execute the pipeline once more than the epochs need.
         check = getattr(source, "check", None)
         schema = check() if callable(check) else None
-        ds = source.dataset()
+        if isinstance(source, Pipeline) and shared:
+            ds = source.dataset(shard=(process_index, process_count))
+        elif shared:
+            raise _refuse_shared(f"{type(source).__name__}.dataset()", process_count)
+        else:
+            ds = source.dataset()
         if not isinstance(ds, ray.data.Dataset):
             raise SpecError(
                 f"JaxLoader: {type(source).__name__}.dataset() returned "

@@ -39,7 +39,8 @@ def main():
 
     ray.init(address=cfg["address"], log_to_driver=False, configure_logging=False)
     ds = ray.data.range(64).map_batches(lambda b: b, batch_format="pyarrow")
-    loader = JaxLoader(ds, global_batch_size=16, dtypes={"id": "int32"}, sync_timeout_s=20)
+    loader = JaxLoader(ds, global_batch_size=16, dtypes={"id": "int32"}, sync_timeout_s=20,
+                       host_local=True)
     result = {}
 
     def consume():
