@@ -46,7 +46,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import pyarrow as pa
 
-from slicefeed.connectors import SpecError
+from slicefeed.connectors import MissingColumnError, SpecError
 from slicefeed.transforms import is_bfloat16_field
 
 MASK_KEY = "mask"
@@ -194,7 +194,7 @@ def plan_columns(
     ):
         for c in requested:
             if c not in names:
-                raise SpecError(
+                raise MissingColumnError(
                     f"JaxLoader: column {c!r} given in {arg}= not found in the dataset; "
                     f"available: {available}."
                 )

@@ -7,15 +7,11 @@ argv[1]: JSON {"coordinator", "process_id", "address" (Ray GCS), "out"}.
 """
 
 import json
-import os
 import sys
 import threading
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.dirname(HERE)]
-
-from _harness import configure_process_env  # noqa: E402
+from tests._harness import configure_process_env
 
 configure_process_env()
 

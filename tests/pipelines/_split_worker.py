@@ -9,16 +9,13 @@ import json
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.dirname(HERE)]
-
-from _harness import configure_process_env  # noqa: E402
+from tests._harness import configure_process_env
 
 configure_process_env()
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-from _multihost_worker import local_rows  # noqa: E402
+from tests.pipelines._multihost_worker import local_rows  # noqa: E402
 
 
 def main():
