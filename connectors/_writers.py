@@ -335,6 +335,7 @@ def read_dataset(
     columns: Sequence[str] | None = None,
     provenance: bool = False,
     version: int | None = None,
+    shard: tuple[int, int] | None = None,
     **kwargs: Any,
 ) -> ray.data.Dataset:
     """Lazily reads the committed dataset at ``uri``, through its manifest only.
@@ -348,6 +349,7 @@ def read_dataset(
         provenance: Add ``_sf_file`` (shard name) and ``_sf_row`` columns.
         version: The manifest version to read (default: the current one); an
             older version is readable until ``slicefeed vacuum`` removes it.
+        shard: ``(index, count)``: read only the manifest's files ``index::count``.
         **kwargs: ``credentials``/``anonymous``/``project``/``storage_options`` go to
             :func:`resolve_filesystem`; the rest to ``ray.data.read_parquet``.
 
@@ -355,7 +357,7 @@ def read_dataset(
         NotCommittedError: ``uri`` has no manifest.
         FileNotFoundError: A file the manifest lists is missing.
     """
-    from slicefeed.connectors._readers import ParquetFilesDatasource, _split_kwargs
+    from slicefeed.connectors._readers import ParquetFilesDatasource, _split_kwargs, shard_files
 
     fs_kwargs, ray_kwargs = _split_kwargs(dict(kwargs))
     target = resolve_filesystem(uri, **fs_kwargs)
@@ -369,7 +371,8 @@ def read_dataset(
             )
     if not manifest.files:
         return ray.data.from_arrow(manifest.schema.empty_table())
-    paths = [target.join(f.path).path for f in manifest.files]
+    files = shard_files(list(manifest.files), shard, uri=target.uri)
+    paths = [target.join(f.path).path for f in files]
     if provenance:
         return ray.data.read_datasource(
             ParquetFilesDatasource(paths, source=target, columns=columns, provenance=True),
