@@ -145,6 +145,8 @@ class _Stage:
         self.quarantine = quarantine  # ResolvedPath of <sink>/_quarantine or None
         self.count_input = count_input
         self.stage_id = stage_id or ("read" if count_input else "+".join(t.name for t in self.transforms))
+        #: A unit task's own tally of the counters (kept in its side record).
+        self.local: dict[str, Any] | None = None
 
     def _handle_bad(self, bad: pa.Table, what: Any, delta: dict[str, int]) -> None:
         from slicefeed.transforms import bad_record_error
@@ -194,6 +196,8 @@ class _Stage:
                 delta[f"filtered:{t.name}"] = delta.get(f"filtered:{t.name}", 0) + (
                     n_in - table.num_rows - bad.num_rows
                 )
+        if self.local is not None:
+            _add(self.local, delta)
         if self.counters is not None and delta:
             ray.get(self.counters.add.remote(delta, key))
         return table
@@ -259,6 +263,14 @@ class RunReport:
     #: Arrow bytes of the rows handed to the writer (in memory; what Ray's
     #: "data written" counts). ``bytes_written`` is the Parquet size on disk.
     bytes_in_memory: int = 0
+    #: Shards of an earlier, unfinished run of the same pipeline over the same
+    #: input files that this run verified and committed instead of recomputing.
+    shards_reused: int = 0
+    #: Input files run as units (one task and one shard each); 0 when the
+    #: pipeline cannot run per file (``reuse`` says why).
+    units: int = 0
+    #: "per input file", or why a rerun recomputes every row.
+    reuse: str = ""
 
     @property
     def packing_efficiency(self) -> float | None:
@@ -292,6 +304,10 @@ class RunReport:
         size = f"{self.bytes_written / 1e6:.2f} MB Parquet on disk"
         if self.bytes_in_memory:
             size += f", {self.bytes_in_memory / 1e6:.2f} MB as Arrow in memory"
+        if self.shards_reused:
+            dropped.append(f"reused the verified shards of {self.shards_reused} of {self.units} input "
+                           "files from an earlier run of this pipeline, read "
+                           f"{self.bytes_read / 1e6:.2f} MB of input")
         return (
             f"{self.name}: read {self.rows_read} rows, wrote {self.rows_written} rows in "
             f"{self.files} files ({size}) to {self.sink}"
@@ -438,6 +454,85 @@ class Pipeline:
         """
         return list_inputs([(s["uri"], s["format"], self._storage(s)) for s in self._sources()])
 
+    def units_unavailable(self) -> str | None:
+        """None when :meth:`run` writes one shard per input file, so that a rerun
+        after a crash reuses the files finished before it; else why every row of
+        a rerun is recomputed."""
+        srcs = self._sources()
+        if len(srcs) != 1:
+            return ("a mixture draws every output block from all sources, so no shard belongs "
+                    "to one input file: a rerun recomputes everything")
+        src = srcs[0]
+        if src["format"] == "dataset":
+            return "a committed-dataset source is not split into units: a rerun recomputes everything"
+        opts = dict(src.get("options") or {})
+        if opts.get("shuffle_seed") is not None:
+            return "shuffle_seed reorders rows across input files: a rerun recomputes everything"
+        for t in self.transforms:
+            if t.is_dataset_op:
+                return (f"`{t.name}` works on the whole dataset (its output rows depend on other "
+                        "input files): a rerun recomputes everything")
+            if t.needs_fit:
+                return (f"`{t.name}` is fitted on all of the input, so every row depends on every "
+                        "input file: a rerun recomputes everything")
+        if (self.spec.get("placement") or {}).get("preprocess_on"):
+            return "placement.preprocess_on runs the job through Ray Data: a rerun recomputes everything"
+        extra = set((self.spec.get("sink") or {}).get("options") or {}) - {
+            "compression", "row_group_size"}
+        if extra:
+            return (f"sink option(s) {sorted(extra)} size shards across input files: a rerun "
+                    "recomputes everything")
+        return None
+
+    def _write_units(self, target: Any, *, writer: str, fingerprint: str, overwrite: bool,
+                     inputs: Sequence[InputFile], counters: Any, quarantine: Any,
+                     report_rel: str, quarantine_rel: str | None, before_commit: Any,
+                     metadata: dict[str, Any], info: dict[str, Any]) -> Manifest:
+        """One Ray task per input file not finished by an earlier run (see ``connectors._units``)."""
+        from slicefeed.connectors import expand_paths
+        from slicefeed.connectors._units import FileReader, Unit, unit_key, write_units
+
+        src = self._sources()[0]
+        fmt = get_format(src["format"])
+        opts = dict(src.get("options") or {})
+        source = resolve_filesystem(src["uri"], **self._storage(src))
+        paths = expand_paths(source, suffixes=fmt.listing_suffixes)
+        listed = {f.uri: f for f in inputs}
+        units = []
+        for i, p in enumerate(paths):
+            f = listed.get(source.to_uri(p)) or InputFile(source.to_uri(p), source.fs.size(p), None)
+            units.append(Unit(i, p, f, unit_key(fingerprint, f)))
+        reader = FileReader(
+            src["format"], source, columns=opts.get("columns"),
+            mark_errors=self.spec["on_error"] != "fail",
+            options={k: opts[k] for k in fmt.options if k in opts},
+        )
+        on_error = self.spec["on_error"]
+        process = _UnitProcess([
+            _Stage([], on_error=on_error, counters=counters, quarantine=quarantine, count_input=True),
+            _Stage(list(self.transforms), on_error=on_error, counters=counters,
+                   quarantine=quarantine,
+                   stage_id="1:" + "+".join(t.name for t in self.transforms), first_index=0),
+            _Output(counters),
+        ])
+
+        def on_reused(counts: list[dict[str, Any]]) -> None:
+            # The reused units' counters, as their tasks tallied them.
+            for c in counts:
+                ray.get(counters.add.remote(c))
+
+        sink = self.spec["sink"]
+        sopts = dict(sink.get("options") or {})
+        result = write_units(
+            target, units, read=reader, process=process, writer_id=writer, overwrite=overwrite,
+            fingerprint=fingerprint, metadata=metadata, inputs=inputs, report=report_rel,
+            quarantine=quarantine_rel, before_commit=lambda m, _counts: before_commit(m),
+            compression=sopts.get("compression", "snappy"),
+            row_group_size=sopts.get("row_group_size"), on_reused=on_reused,
+        )
+        info.update(shards_reused=result.reused, units=result.units, bytes_read=result.bytes_read)
+        return result.manifest
+
     def check(self) -> pa.Schema:
         """Checks the sink and the transforms against the source schema; returns the output schema.
 
@@ -577,6 +672,7 @@ class Pipeline:
         target = resolve_filesystem(sink["uri"], **storage)
         fp = self.fingerprint
         existing = None
+        corrupt = False
         if is_committed(target):
             try:
                 existing = read_manifest(target)
@@ -584,6 +680,7 @@ class Pipeline:
                 # An overwrite replaces it (the writer keeps the bad file aside).
                 if not overwrite:
                     raise
+                corrupt = True
         if existing is not None:
             if existing.fingerprint == fp and not overwrite:
                 return _already_committed(self.name, target.uri, fp, existing)
@@ -605,7 +702,8 @@ class Pipeline:
         quarantine_rel = f"{QUARANTINE_DIR}/{writer}" if self.spec["on_error"] == "quarantine" else None
         quarantine = target.join(quarantine_rel) if quarantine_rel else None
         report_rel = f"{REPORTS_DIR}/{writer}.json"
-        ds = self.dataset(_counters=counters, _quarantine=quarantine, _fitted=fitted)
+        ds = (self.dataset(_counters=counters, _quarantine=quarantine, _fitted=fitted)
+              if self.units_unavailable() is not None or corrupt else None)
         fit_stats = {f"{i}:{t.name}": t.stats() for i, t in enumerate(fitted) if t.stats()}
         max_frac = float(self.spec["max_error_fraction"])
 
@@ -620,7 +718,21 @@ class Pipeline:
                     "raise max_error_fraction."
                 )
 
+        why_not = self.units_unavailable() if not corrupt else (
+            "the committed manifest could not be parsed; it is replaced by a full run")
+        unit_info: dict[str, Any] = {"reuse": why_not or "per input file", "shards_reused": 0,
+                                     "units": 0, "bytes_read": None}
+
         def write() -> Manifest:
+            if why_not is None:
+                return self._write_units(
+                    target, writer=writer, fingerprint=fp, overwrite=overwrite, inputs=inputs,
+                    counters=counters, quarantine=quarantine, report_rel=report_rel,
+                    quarantine_rel=quarantine_rel, before_commit=before_commit,
+                    metadata={"pipeline": self.name, "seed": self.spec["seed"],
+                              "fit_stats": fit_stats},
+                    info=unit_info,
+                )
             return write_parquet(
                 ds, target.uri, fingerprint=fp, overwrite=overwrite,
                 metadata={"pipeline": self.name, "seed": self.spec["seed"], "fit_stats": fit_stats},
@@ -682,8 +794,12 @@ class Pipeline:
             rows_skipped=skipped, rows_quarantined=quarantined,
             files=len(manifest.files), bytes_written=manifest.num_bytes, wall_s=wall,
             rows_per_s=read / wall if wall > 0 else 0.0, filtered_by=filtered_by,
-            fit_stats=fit_stats, ray_stats=_ray_stats(ds),
-            sources=sources, bytes_read=sum(src["bytes"] for src in sources),
+            fit_stats=fit_stats, ray_stats=_ray_stats(ds) if ds is not None else "",
+            sources=sources,
+            bytes_read=(sum(src["bytes"] for src in sources) if unit_info["bytes_read"] is None
+                        else unit_info["bytes_read"]),
+            shards_reused=unit_info["shards_reused"], units=unit_info["units"],
+            reuse=unit_info["reuse"],
             run_id=manifest.metadata.get("run_id", ""),
             transforms=transform_rows(c), bytes_in_memory=int(c.get("bytes_out", 0)),
         )
@@ -720,14 +836,36 @@ class _Output:
 
     def __init__(self, counters: Any):
         self.counters = counters
+        self.local: dict[str, Any] | None = None
 
     def __call__(self, table: pa.Table) -> pa.Table:
         key = _batch_key("output", table)
         table = _drop_provenance(table)
         if table.num_rows:
-            ray.get(self.counters.add.remote(
-                {"rows_out": table.num_rows, "bytes_out": table.nbytes}, key))
+            delta = {"rows_out": table.num_rows, "bytes_out": table.nbytes}
+            if self.local is not None:
+                _add(self.local, delta)
+            ray.get(self.counters.add.remote(delta, key))
         return table
+
+
+def _add(into: dict[str, Any], delta: Mapping[str, Any]) -> None:
+    for k, v in delta.items():
+        into[k] = into.get(k, 0) + v
+
+
+class _UnitProcess:
+    """A unit task's transform: every stage over one input file's rows, and their counters."""
+
+    def __init__(self, stages: Sequence[Any]):
+        self.stages = list(stages)
+
+    def __call__(self, table: pa.Table) -> tuple[pa.Table, dict[str, Any]]:
+        counts: dict[str, Any] = {}
+        for st in self.stages:
+            st.local = counts
+            table = st(table)
+        return table, counts
 
 
 def _padding_counts(table: pa.Table) -> dict[str, int]:

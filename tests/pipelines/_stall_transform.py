@@ -48,3 +48,33 @@ class Stall(Transform):
             os.replace(tmp, self.marker)
             time.sleep(self.seconds)
         return table
+
+
+@dataclasses.dataclass(frozen=True)
+class Gate(Transform):
+    """Holds back the files whose name contains one of ``match`` until ``release`` exists.
+
+    The first held batch writes ``marker``. With ``release`` present (a rerun)
+    it passes everything straight through.
+    """
+
+    name: ClassVar[str] = "test_gate"
+    marker: str = ""
+    release: str = ""
+    match: tuple[str, ...] = ()
+    seconds: float = 0.0
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        if PROVENANCE_FILE not in table.column_names or os.path.exists(self.release):
+            return table
+        files = pc.unique(table[PROVENANCE_FILE]).to_pylist()
+        if any(m in f for f in files for m in self.match):
+            if not os.path.exists(self.marker):
+                tmp = f"{self.marker}.{os.getpid()}.tmp"
+                with open(tmp, "w") as f:
+                    f.write(str(os.getpid()))
+                os.replace(tmp, self.marker)
+            deadline = time.monotonic() + self.seconds
+            while not os.path.exists(self.release) and time.monotonic() < deadline:
+                time.sleep(0.2)
+        return table
