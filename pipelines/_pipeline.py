@@ -18,36 +18,49 @@ import json
 import os
 import platform
 import time
-import uuid
 from importlib import metadata as _md
 from typing import Any, Mapping, Sequence
 
 import pyarrow as pa
 import ray
 
+import slicefeed.connectors as connectors
 from slicefeed.connectors import (
+    ERROR_COLUMN,
     PROVENANCE_FILE,
     PROVENANCE_ROW,
+    QUARANTINE_DIR,
+    RAW_COLUMN,
     REPORT_NAME,
+    REPORTS_DIR,
     AlreadyCommittedError,
     BadRecordError,
+    CommitConflictError,
+    CorruptManifestError,
+    InputFile,
     Manifest,
+    MissingColumnError,
     SpecError,
+    check_sink_outside_sources,
     is_committed,
+    list_inputs,
+    new_writer_id,
     peek_schema,
-    read_csv,
     read_dataset,
-    read_jsonl,
     read_manifest,
-    read_parquet,
-    read_text,
     resolve_filesystem,
+    write_atomic,
     write_parquet,
 )
-from slicefeed.pipelines._spec import STORAGE_OPTIONS, fingerprint, load_spec, validate_spec
+from slicefeed.connectors._formats import get_format
+from slicefeed.pipelines._spec import (
+    STORAGE_OPTIONS,
+    expand_uri_templates,
+    fingerprint,
+    load_spec,
+    validate_spec,
+)
 
-_READERS = {"parquet": read_parquet, "jsonl": read_jsonl, "csv": read_csv, "text": read_text}
-QUARANTINE_DIR = "_quarantine"
 
 
 def _versions() -> dict[str, str]:
@@ -122,8 +135,11 @@ class _Stage:
         quarantine: Any = None,
         count_input: bool = False,
         stage_id: str = "",
+        first_index: int = 0,
     ):
         self.transforms = list(transforms)
+        #: Position of ``transforms[0]`` in the spec's list (names the counters).
+        self.first_index = first_index
         self.on_error = on_error
         self.counters = counters
         self.quarantine = quarantine  # ResolvedPath of <sink>/_quarantine or None
@@ -141,7 +157,6 @@ class _Stage:
             self._quarantine(bad, what if isinstance(what, str) else what.name)
 
     def __call__(self, table: pa.Table) -> pa.Table:
-        from slicefeed.connectors._readers import RAW_COLUMN
         from slicefeed.transforms import split_errors
 
         key = _batch_key(self.stage_id, table) if self.counters is not None else None
@@ -160,10 +175,18 @@ class _Stage:
                 # (an unreadable file has none); transforms need them.
                 break
             n_in = table.num_rows
+            t0 = time.perf_counter()
             table, bad = split_errors(t(table))
+            tkey = f"t:{self.first_index + i}:{t.name}"
+            for k, v in (("in", n_in), ("out", table.num_rows), ("bad", bad.num_rows),
+                         ("time_s", time.perf_counter() - t0)):
+                delta[f"{tkey}:{k}"] = delta.get(f"{tkey}:{k}", 0) + v
+            if t.reshapes_rows:
+                for k, v in _padding_counts(table).items():
+                    delta[f"{tkey}:{k}"] = delta.get(f"{tkey}:{k}", 0) + v
             if bad.num_rows:
                 self._handle_bad(bad, t, delta)
-            if getattr(t, "reshapes_rows", False):
+            if t.reshapes_rows:
                 # Packing merges and splits rows: what goes in is not "filtered".
                 for k, v in (("in", n_in - bad.num_rows), ("out", table.num_rows)):
                     delta[f"reshaped:{t.name}:{k}"] = delta.get(f"reshaped:{t.name}:{k}", 0) + v
@@ -179,10 +202,6 @@ class _Stage:
         import hashlib
 
         import pyarrow.parquet as pq
-
-        from slicefeed.transforms import ERROR_COLUMN
-
-        from slicefeed.connectors._readers import RAW_COLUMN
 
         # Provenance and reason; for a record the reader could not decode,
         # also its raw bytes.
@@ -233,9 +252,25 @@ class RunReport:
     bytes_read: int = 0
     versions: dict[str, str] = dataclasses.field(default_factory=_versions)
     run_id: str = ""
+    #: One entry per transform of the spec that ran in a batch stage, in
+    #: order: index, name, rows_in, rows_out, rows_bad, time_s (summed over
+    #: tasks), and for packing ``packing_efficiency`` (non-padding / all slots).
+    transforms: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    #: Arrow bytes of the rows handed to the writer (in memory; what Ray's
+    #: "data written" counts). ``bytes_written`` is the Parquet size on disk.
+    bytes_in_memory: int = 0
+
+    @property
+    def packing_efficiency(self) -> float | None:
+        """Non-padding fraction of the packed rows, or None if nothing was packed."""
+        effs = [t["packing_efficiency"] for t in self.transforms if "packing_efficiency" in t]
+        return effs[-1] if effs else None
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if self.packing_efficiency is not None:
+            d["packing_efficiency"] = self.packing_efficiency
+        return d
 
     def summary(self) -> str:
         """A short human summary (what the CLI prints)."""
@@ -251,9 +286,15 @@ class RunReport:
             dropped.append(f"{self.rows_skipped} skipped as bad")
         if self.rows_quarantined:
             dropped.append(f"{self.rows_quarantined} quarantined")
+        eff = self.packing_efficiency
+        if eff is not None:
+            dropped.append(f"packing efficiency {eff:.1%}")
+        size = f"{self.bytes_written / 1e6:.2f} MB Parquet on disk"
+        if self.bytes_in_memory:
+            size += f", {self.bytes_in_memory / 1e6:.2f} MB as Arrow in memory"
         return (
             f"{self.name}: read {self.rows_read} rows, wrote {self.rows_written} rows in "
-            f"{self.files} files ({self.bytes_written / 1e6:.2f} MB) to {self.sink}"
+            f"{self.files} files ({size}) to {self.sink}"
             + (f"; {', '.join(dropped)}" if dropped else "")
             + f". {self.wall_s:.1f} s, {self.rows_per_s:,.0f} rows/s."
         )
@@ -265,6 +306,10 @@ class Pipeline:
     Args:
         spec: A spec dict (see :mod:`slicefeed.pipelines._spec`); validated here.
         source_name: Where the spec came from, for error messages.
+        date: Fixes ``{date}``/``{datetime}`` in source and sink URIs
+            (``YYYY-MM-DD``, a date or a datetime; default: now, UTC).
+        expand_templates: Fill ``{date}``, ``{datetime}``, ``{env:NAME}`` in
+            the URIs (False keeps them, e.g. to ship the spec elsewhere).
 
     Example:
         >>> p = load_pipeline("pipelines/recipes/text_lm.yaml")  # doctest: +SKIP
@@ -272,8 +317,11 @@ class Pipeline:
         >>> report = p.run()          # writes the committed sink
     """
 
-    def __init__(self, spec: Mapping[str, Any], *, source_name: str = "pipeline spec"):
+    def __init__(self, spec: Mapping[str, Any], *, source_name: str = "pipeline spec",
+                 date: Any = None, expand_templates: bool = True):
         self.spec = validate_spec(spec, source=source_name)
+        if expand_templates:
+            self.spec = expand_uri_templates(self.spec, when=date, source=source_name)
         self.source_name = source_name
         from slicefeed.transforms import transform_from_spec
 
@@ -321,13 +369,14 @@ class Pipeline:
     def _storage(src: Mapping[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in (src.get("storage") or {}).items() if k in STORAGE_OPTIONS}
 
-    def _read_source(self, src: Mapping[str, Any]) -> ray.data.Dataset:
+    def _read_source(self, src: Mapping[str, Any], shard: tuple[int, int] | None = None) -> ray.data.Dataset:
         opts = dict(src.get("options") or {})
         if src["format"] == "dataset":
-            return read_dataset(src["uri"], provenance=True, **opts, **self._storage(src))
-        return _READERS[src["format"]](
+            return read_dataset(src["uri"], provenance=True, shard=shard, **opts, **self._storage(src))
+        reader = getattr(connectors, get_format(src["format"]).reader)
+        return reader(
             src["uri"], provenance=True, mark_errors=self.spec["on_error"] != "fail",
-            **opts, **self._storage(src),
+            shard=shard, **opts, **self._storage(src),
         )
 
     def source_schema(self) -> pa.Schema:
@@ -337,12 +386,18 @@ class Pipeline:
         if src["format"] == "dataset":
             schema = read_manifest(src["uri"], **self._storage(src)).schema
             cols = opts.get("columns")
+            missing = [c for c in cols or () if c not in schema.names]
+            if missing:
+                raise MissingColumnError(
+                    f"{src['uri']}: column(s) {missing} not in the dataset; available: "
+                    f"{', '.join(schema.names)}. Fix `columns` in the source options."
+                )
             schema = pa.schema([schema.field(c) for c in cols]) if cols else schema
             return schema.append(pa.field(PROVENANCE_FILE, pa.string())).append(
                 pa.field(PROVENANCE_ROW, pa.int64()))
         return peek_schema(src["format"], src["uri"], columns=opts.get("columns"),
                            provenance=True, mark_errors=self.spec["on_error"] != "fail",
-                           **self._storage(src))
+                           options=opts, **self._storage(src))
 
     def _source_sizes(self) -> list[dict[str, Any]]:
         """uri, format, file count and input bytes of each source (for the report)."""
@@ -364,13 +419,35 @@ class Pipeline:
             out.append(entry)
         return out
 
-    def check(self) -> pa.Schema:
-        """Checks the transforms against the source schema; returns the output schema.
+    def check_sink(self) -> None:
+        """Refuses a sink that equals, contains or lies inside a source (no storage access).
 
         Raises:
-            SpecError: naming the transform and the missing/mistyped column.
+            SpecError: naming the sink and the source.
+        """
+        if "sink" in self.spec:
+            check_sink_outside_sources(
+                self.spec["sink"]["uri"], [s["uri"] for s in self._sources()],
+                where=self.source_name,
+            )
+
+    def input_listing(self) -> tuple[InputFile, ...]:
+        """The input files (path, size, generation or mtime) this run reads, as listed now.
+
+        Stored in the manifest beside the fingerprint.
+        """
+        return list_inputs([(s["uri"], s["format"], self._storage(s)) for s in self._sources()])
+
+    def check(self) -> pa.Schema:
+        """Checks the sink and the transforms against the source schema; returns the output schema.
+
+        Raises:
+            SpecError: naming the transform and the missing/mistyped column,
+                or a sink that overlaps a source.
         """
         from slicefeed.transforms import check_transforms
+
+        self.check_sink()
 
         schema = self.source_schema()
         try:
@@ -381,16 +458,17 @@ class Pipeline:
 
     # -- the dataset --------------------------------------------------------------
 
-    def _build(self, transforms: Sequence[Any], *, counters: Any = None, quarantine: Any = None) -> ray.data.Dataset:
+    def _build(self, transforms: Sequence[Any], *, counters: Any = None, quarantine: Any = None,
+               shard: tuple[int, int] | None = None) -> ray.data.Dataset:
         srcs = self._sources()
         if len(srcs) == 1:
-            ds = self._read_source(srcs[0])
+            ds = self._read_source(srcs[0], shard)
         else:
             from slicefeed.pipelines._mixture import interleave
 
             names = [str(s.get("name", i)) for i, s in enumerate(srcs)]
             ds, self.mixture_counts = interleave(
-                {n: self._read_source(s) for n, s in zip(names, srcs)},
+                {n: self._read_source(s, shard) for n, s in zip(names, srcs)},
                 [float(s.get("weight", 1.0)) for s in srcs],
                 seed=int(self.spec["seed"]),
             )
@@ -402,23 +480,27 @@ class Pipeline:
         )
         group: list[Any] = []
         n_stages = [0]
+        first = [0]
 
         def flush(ds: ray.data.Dataset) -> ray.data.Dataset:
             if group:
                 n_stages[0] += 1
                 ds = ds.map_batches(
                     _Stage(list(group), on_error=on_error, counters=counters, quarantine=quarantine,
-                           stage_id=f"{n_stages[0]}:" + "+".join(t.name for t in group)),
+                           stage_id=f"{n_stages[0]}:" + "+".join(t.name for t in group),
+                           first_index=first[0]),
                     batch_format="pyarrow", zero_copy_batch=True,
                 )
                 group.clear()
             return ds
 
-        for t in transforms:
-            if getattr(t, "is_dataset_op", False):
+        for i, t in enumerate(transforms):
+            if t.is_dataset_op:
                 ds = flush(ds)
                 ds = t.dataset_op(ds)
             else:
+                if not group:
+                    first[0] = i
                 group.append(t)
         return flush(ds)
 
@@ -426,27 +508,34 @@ class Pipeline:
         """Transforms with the ones that need statistics fitted over the data before them."""
         fitted: list[Any] = []
         for t in self.transforms:
-            if getattr(t, "needs_fit", False) and not t.is_fitted:
+            if t.needs_fit and not t.is_fitted:
                 upstream = self._build(fitted)
                 t = t.fit(upstream)
             fitted.append(t)
         return fitted
 
-    def dataset(self, *, keep_provenance: bool = False, _counters: Any = None,
-                _quarantine: Any = None, _fitted: Sequence[Any] | None = None) -> ray.data.Dataset:
+    def dataset(self, *, keep_provenance: bool = False, shard: tuple[int, int] | None = None,
+                _counters: Any = None, _quarantine: Any = None,
+                _fitted: Sequence[Any] | None = None) -> ray.data.Dataset:
         """The lazy ``ray.data.Dataset`` this pipeline produces (nothing is written).
 
-        Transforms that need statistics (``needs_fit``) are fitted here, which
-        runs the pipeline up to them once.
+        Transforms that need statistics (``needs_fit``) are fitted here, on all
+        of the input (also with ``shard``), which runs the pipeline up to them once.
 
         Args:
             keep_provenance: Keep the ``_sf_file``/``_sf_row`` row-identity columns.
+            shard: ``(index, count)``: only input files ``index::count`` of every
+                source (sorted): one host's deterministic share of whole files.
+
+        Raises:
+            SpecError: a source with fewer files than ``count``.
         """
         self.check()
         transforms = list(_fitted) if _fitted is not None else self._fitted()
-        ds = self._build(transforms, counters=_counters, quarantine=_quarantine)
+        ds = self._build(transforms, counters=_counters, quarantine=_quarantine, shard=shard)
         if not keep_provenance:
-            ds = ds.map_batches(_drop_provenance, batch_format="pyarrow", zero_copy_batch=True)
+            ds = ds.map_batches(_drop_provenance if _counters is None else _Output(_counters),
+                                batch_format="pyarrow", zero_copy_batch=True)
         # Same input, seed and plan -> the same rows in the same order (DESIGN.md #3).
         ds.context.execution_options.preserve_order = True
         placement = (self.spec.get("placement") or {}).get("preprocess_on")
@@ -458,11 +547,19 @@ class Pipeline:
 
     # -- batch run -------------------------------------------------------------------
 
-    def run(self, *, overwrite: bool = False) -> RunReport:
+    def run(self, *, overwrite: bool = False, progress: bool = False,
+            progress_interval: float | None = None) -> RunReport:
         """Runs the pipeline and commits its sink.
 
         If the sink is already committed with this pipeline's fingerprint the
         run does nothing and reports ``status="already_committed"``.
+
+        Args:
+            overwrite: Replace a sink committed by another pipeline.
+            progress: Print progress in rows per transform to stderr while the
+                run writes (see :mod:`slicefeed.pipelines._progress`).
+            progress_interval: Seconds between progress lines (default 1 on a
+                terminal, 10 in a log).
 
         Raises:
             SpecError: the spec has no sink, or a transform does not fit the source.
@@ -475,18 +572,21 @@ class Pipeline:
             raise SpecError(f"{self.source_name}: missing required key 'sink' (format and uri) "
                             "to run; use dataset() for a pipeline without a sink.")
         sink = self.spec["sink"]
+        self.check_sink()
         storage = self._storage(sink)
         target = resolve_filesystem(sink["uri"], **storage)
         fp = self.fingerprint
+        existing = None
         if is_committed(target):
-            existing = read_manifest(target)
+            try:
+                existing = read_manifest(target)
+            except CorruptManifestError:
+                # An overwrite replaces it (the writer keeps the bad file aside).
+                if not overwrite:
+                    raise
+        if existing is not None:
             if existing.fingerprint == fp and not overwrite:
-                return RunReport(
-                    name=self.name, status="already_committed", sink=target.uri, fingerprint=fp,
-                    rows_read=0, rows_written=existing.num_rows, rows_filtered=0, rows_skipped=0,
-                    rows_quarantined=0, files=len(existing.files), bytes_written=existing.num_bytes,
-                    wall_s=0.0, rows_per_s=0.0, run_id=existing.metadata.get("run_id", ""),
-                )
+                return _already_committed(self.name, target.uri, fp, existing)
             if not overwrite:
                 raise AlreadyCommittedError(
                     f"{target.uri} already holds a committed dataset written by another pipeline "
@@ -495,13 +595,16 @@ class Pipeline:
                 )
         t0 = time.perf_counter()
         self.check()
+        inputs = self.input_listing()
         fitted = self._fitted()
         counters = _Counters.remote()
-        quarantine = target.join(QUARANTINE_DIR) if self.spec["on_error"] == "quarantine" else None
-        # What a crashed or replaced run left beside the data must not be
-        # mistaken for this run's: its quarantine and its report go first.
-        _remove(target.join(QUARANTINE_DIR), recursive=True)
-        _remove(target.join(REPORT_NAME))
+        # Everything this run writes beside the data is named by its writer id
+        # and recorded in its manifest version: a failed or losing run leaves
+        # the committed version's report and quarantine alone.
+        writer = new_writer_id()
+        quarantine_rel = f"{QUARANTINE_DIR}/{writer}" if self.spec["on_error"] == "quarantine" else None
+        quarantine = target.join(quarantine_rel) if quarantine_rel else None
+        report_rel = f"{REPORTS_DIR}/{writer}.json"
         ds = self.dataset(_counters=counters, _quarantine=quarantine, _fitted=fitted)
         fit_stats = {f"{i}:{t.name}": t.stats() for i, t in enumerate(fitted) if t.stats()}
         max_frac = float(self.spec["max_error_fraction"])
@@ -517,11 +620,34 @@ class Pipeline:
                     "raise max_error_fraction."
                 )
 
-        manifest = write_parquet(
-            ds, target.uri, fingerprint=fp, overwrite=overwrite,
-            metadata={"pipeline": self.name, "seed": self.spec["seed"], "fit_stats": fit_stats},
-            before_commit=before_commit, **dict(sink.get("options") or {}), **storage,
-        )
+        def write() -> Manifest:
+            return write_parquet(
+                ds, target.uri, fingerprint=fp, overwrite=overwrite,
+                metadata={"pipeline": self.name, "seed": self.spec["seed"], "fit_stats": fit_stats},
+                before_commit=before_commit, inputs=inputs, writer_id=writer, report=report_rel,
+                quarantine=quarantine_rel, **dict(sink.get("options") or {}), **storage,
+            )
+
+        try:
+            if progress:
+                from slicefeed.pipelines._progress import Progress
+
+                with Progress(self.name, lambda: ray.get(counters.get.remote(), timeout=30),
+                              interval=progress_interval):
+                    manifest = write()
+            else:
+                manifest = write()
+        except (CommitConflictError, AlreadyCommittedError) as e:
+            # Another run committed first (while this one wrote, or since the
+            # check above). Same pipeline over the same inputs: its result is
+            # this run's result.
+            ray.kill(counters)
+            version = getattr(e, "version", None)
+            if version is not None or isinstance(e, AlreadyCommittedError):
+                winner = read_manifest(target, version=version)
+                if winner.fingerprint == fp and winner.inputs == inputs:
+                    return _already_committed(self.name, target.uri, fp, winner)
+            raise
         wall = time.perf_counter() - t0
         c = ray.get(counters.get.remote())
         ray.kill(counters)
@@ -559,18 +685,22 @@ class Pipeline:
             fit_stats=fit_stats, ray_stats=_ray_stats(ds),
             sources=sources, bytes_read=sum(src["bytes"] for src in sources),
             run_id=manifest.metadata.get("run_id", ""),
+            transforms=transform_rows(c), bytes_in_memory=int(c.get("bytes_out", 0)),
         )
-        out = target.join(REPORT_NAME)
-        out.fs.pipe_file(out.path, json.dumps(report.to_dict(), indent=2, default=str).encode())
+        doc = json.dumps(report.to_dict(), indent=2, default=str).encode()
+        write_atomic(target.join(report_rel), doc)
+        # Convenience copy for the latest commit; the manifest names the report.
+        write_atomic(target.join(REPORT_NAME), doc)
         return report
 
 
-def _remove(path: Any, *, recursive: bool = False) -> None:
-    try:
-        if path.fs.exists(path.path):
-            path.fs.rm(path.path, recursive=recursive)
-    except FileNotFoundError:
-        pass
+def _already_committed(name: str, uri: str, fp: str, m: Manifest) -> RunReport:
+    return RunReport(
+        name=name, status="already_committed", sink=uri, fingerprint=fp,
+        rows_read=0, rows_written=m.num_rows, rows_filtered=0, rows_skipped=0,
+        rows_quarantined=0, files=len(m.files), bytes_written=m.num_bytes,
+        wall_s=0.0, rows_per_s=0.0, run_id=m.metadata.get("run_id", ""),
+    )
 
 
 def _ray_stats(ds: ray.data.Dataset) -> str:
@@ -585,15 +715,76 @@ def _drop_provenance(table: pa.Table) -> pa.Table:
     return table.drop_columns(drop) if drop else table
 
 
-def load_pipeline(path: str | os.PathLike[str], overrides: Sequence[str] | Mapping[str, Any] | None = None) -> Pipeline:
+class _Output:
+    """The last stage before the writer: drops provenance, counts rows and in-memory bytes."""
+
+    def __init__(self, counters: Any):
+        self.counters = counters
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        key = _batch_key("output", table)
+        table = _drop_provenance(table)
+        if table.num_rows:
+            ray.get(self.counters.add.remote(
+                {"rows_out": table.num_rows, "bytes_out": table.nbytes}, key))
+        return table
+
+
+def _padding_counts(table: pa.Table) -> dict[str, int]:
+    """Slots and non-padding slots of a packed batch (``segment_ids`` 0 = padding)."""
+    import pyarrow.compute as pc
+
+    if "segment_ids" not in table.column_names or table.num_rows == 0:
+        return {}
+    col = table.column("segment_ids")
+    if not pa.types.is_fixed_size_list(col.type) and not pa.types.is_list(col.type):
+        return {}
+    values = pc.list_flatten(col)
+    return {"slots": len(values),
+            "tokens": int(pc.sum(pc.not_equal(values, 0)).as_py() or 0)}
+
+
+def transform_rows(counts: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per-transform rows in/out, bad rows and task time from a run's stage counters.
+
+    ``time_s`` is the time spent in the transform summed over all tasks (CPU
+    time across workers, not wall time). A packing transform (output column
+    ``segment_ids``) also gets ``packing_efficiency``: non-padding slots over
+    all slots of its output rows.
+    """
+    by: dict[int, dict[str, Any]] = {}
+    for k, v in counts.items():
+        if not k.startswith("t:"):
+            continue
+        _, idx, name, field = k.split(":", 3)
+        entry = by.setdefault(int(idx), {"index": int(idx), "name": name, "rows_in": 0,
+                                         "rows_out": 0, "rows_bad": 0, "time_s": 0.0})
+        key = {"in": "rows_in", "out": "rows_out", "bad": "rows_bad"}.get(field, field)
+        entry[key] = entry.get(key, 0) + v
+    out = []
+    for idx in sorted(by):
+        e = by[idx]
+        e["time_s"] = round(float(e["time_s"]), 3)
+        slots = e.pop("slots", None)
+        tokens = e.pop("tokens", None)
+        if slots:
+            e["packing_efficiency"] = round(tokens / slots, 4)
+            e["tokens"], e["slots"] = int(tokens), int(slots)
+        out.append(e)
+    return out
+
+
+def load_pipeline(path: str | os.PathLike[str], overrides: Sequence[str] | Mapping[str, Any] | None = None,
+                  *, date: Any = None) -> Pipeline:
     """Loads and validates a YAML pipeline spec.
 
     Args:
         path: The YAML file.
         overrides: ``["sink.uri=/tmp/out", "seed=3"]`` or ``{"sink.uri": "/tmp/out"}``.
+        date: The run date for ``{date}``/``{datetime}`` in URIs (default: today, UTC).
 
     Raises:
         SpecError: naming the offending key and the allowed values.
     """
     spec = load_spec(path, overrides)
-    return Pipeline(spec, source_name=os.fspath(path))
+    return Pipeline(spec, source_name=os.fspath(path), date=date)

@@ -31,15 +31,10 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
-from slicefeed.transforms._base import (
-    PROVENANCE_FILE,
-    PROVENANCE_ROW,
-    Transform,
-    mark_errors,
-    row_keys,
-    row_uniform,
-    seeded_copy,
-)
+from slicefeed.connectors import PROVENANCE_FILE, PROVENANCE_ROW
+from slicefeed.transforms._badrecords import mark_errors
+from slicefeed.transforms._contract import Transform
+from slicefeed.transforms._hashing import row_keys, row_uniform, seeded_copy
 from slicefeed.transforms._dtypes import bfloat16_field, to_bfloat16_bits
 
 MODES = {"RGB": 3, "L": 1, "RGBA": 4}

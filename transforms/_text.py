@@ -11,8 +11,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from slicefeed.transforms._arrays import list_parts, make_fixed, make_list, segment_arange
-from slicefeed.transforms._base import Transform, mark_errors
+from slicefeed.connectors import SpecError
+from slicefeed.transforms._arrays import failing_rows, list_parts, make_fixed, make_list, segment_arange
+from slicefeed.transforms._badrecords import mark_errors
+from slicefeed.transforms._contract import Transform
 
 #: Built-in byte-level tokenizer: 0 = padding, 1 = BOS, 2 = EOS, byte b -> b + 3.
 BYTE_PAD_ID, BYTE_BOS_ID, BYTE_EOS_ID, BYTE_OFFSET = 0, 1, 2, 3
@@ -57,7 +59,7 @@ def load_hf_tokenizer(uri: str):
     try:
         tok = Tokenizer.from_str(data.decode("utf-8"))
     except Exception as e:
-        raise ValueError(f"Tokenize: {uri} is not a valid tokenizer.json ({e})") from e
+        raise SpecError(f"Tokenize: {uri} is not a valid tokenizer.json ({e})") from e
     with _CACHE_LOCK:
         _CACHE[uri] = tok
     return tok
@@ -215,9 +217,7 @@ class Tokenize(Transform):
             try:
                 arr = arr.cast(target)
             except pa.ArrowInvalid:
-                from slicefeed.transforms._tabular import _failing_rows
-
-                not_utf8 = _failing_rows(arr, lambda a: a.cast(target))
+                not_utf8 = failing_rows(arr, lambda a: a.cast(target))
                 reasons[not_utf8] = f"Tokenize: column {self.column!r} is not valid UTF-8"
                 bad |= not_utf8
                 arr = pc.if_else(pa.array(not_utf8), pa.nulls(n, arr.type), arr).cast(target)

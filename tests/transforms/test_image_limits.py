@@ -24,7 +24,7 @@ import pytest
 import yaml
 from PIL import Image
 
-from _harness import put_bytes
+from tests._harness import put_bytes
 from slicefeed.connectors import SpecError
 from slicefeed.transforms import (
     ERROR_COLUMN,
