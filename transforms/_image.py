@@ -288,6 +288,11 @@ class DecodeImage(_ImageTransform):
         object.__setattr__(new, "_storage", dict(storage))
         return new
 
+    @property
+    def storage(self) -> dict[str, Any]:
+        """Storage options ``root`` is read with (see :meth:`with_storage`)."""
+        return dict(getattr(self, "_storage", {}))
+
     def with_source_storage(self, sources: Sequence[tuple[str, dict[str, Any]]]) -> DecodeImage:
         """Binds ``root`` to the filesystem and storage options of a source.
 
