@@ -18,6 +18,7 @@ from slicefeed.connectors._errors import (
     NotCommittedError,
     SlicefeedError,
     SpecError,
+    short_repr,
 )
 from slicefeed.connectors._fs import ResolvedPath, expand_paths, resolve_filesystem
 from slicefeed.connectors._readers import (
@@ -64,4 +65,5 @@ __all__ = [
     "write_parquet",
     "read_manifest",
     "resolve_filesystem",
+    "short_repr",
 ]

@@ -31,3 +31,27 @@ class CorruptFileError(SlicefeedError, OSError):
 
 class BadRecordError(SlicefeedError, ValueError):
     """A record failed validation or a transform. The message names file and row."""
+
+
+#: Longest quotation of user data in a message (spec values, record text).
+QUOTE_LIMIT = 120
+
+
+def short_repr(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """``repr(value)`` for messages: control characters escaped, at most ``limit`` chars.
+
+    Strings and bytes are cut before ``repr`` so a huge value costs nothing;
+    containers are rendered, then cut. The result never contains a raw control
+    character (newlines, escape sequences), so attacker-written text cannot
+    forge lines in logs or terminals.
+    """
+    if isinstance(value, (str, bytes)) and len(value) > limit:
+        return f"{value[:limit]!r}... ({len(value)} {'chars' if isinstance(value, str) else 'bytes'})"
+    text = repr(value)
+    # repr escapes control characters in str/bytes; containers of other
+    # objects may not, so escape what is left.
+    text = "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text) \
+        if not text.isprintable() else text
+    if len(text) > limit:
+        text = f"{text[:limit]}... ({len(text)} chars)"
+    return text

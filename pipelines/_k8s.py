@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import shlex
 import os
 import re
 import sys
@@ -312,7 +313,7 @@ def build_manifests(
                               "effect": "NoSchedule"}],
             ),
         })
-    entrypoint = f"slicefeed run {spec_in_pod}" + (" --overwrite" if overwrite else "")
+    entrypoint = f"slicefeed run {shlex.quote(spec_in_pod)}" + (" --overwrite" if overwrite else "")
     rayjob_spec: dict[str, Any] = {
         "entrypoint": entrypoint,
         "shutdownAfterJobFinishes": True,

@@ -10,6 +10,13 @@ node types is translated; nothing is ever evaluated by Python. Grammar::
     atom   := column | col("any name") | literal | is_null(column) | is_valid(column)
             | (expr)
     literal:= int | float | "string" | True | False
+
+Size is bounded before anything is built (a 10,000-term ``or`` chain
+overflows Arrow's expression simplifier; 3,000 nested ``not`` overflow
+Python's stack): at most :data:`MAX_EXPR_CHARS` characters,
+:data:`MAX_EXPR_TERMS` columns and literals (values of ``in [...]`` lists
+count separately, up to :data:`MAX_IN_VALUES`), nesting depth
+:data:`MAX_EXPR_DEPTH`, and integer literals that fit in 64 bits.
 """
 
 from __future__ import annotations
@@ -19,7 +26,17 @@ from typing import Any
 
 import pyarrow.compute as pc
 
-from slicefeed.connectors._errors import SpecError
+from slicefeed.connectors._errors import SpecError, short_repr
+
+#: Longest expression text (checked before parsing).
+MAX_EXPR_CHARS = 100_000
+#: Most columns and literals in one expression (``in`` list values aside).
+MAX_EXPR_TERMS = 1_000
+#: Most values in all ``in [...]`` lists of one expression.
+MAX_IN_VALUES = 10_000
+#: Deepest nesting of operators, calls and parentheses.
+MAX_EXPR_DEPTH = 64
+_INT_RANGE = (-(2**63), 2**63 - 1)
 
 ALLOWED = (
     "column names, col('name with spaces'), literals (numbers, strings, True, False), "
@@ -54,8 +71,8 @@ class _Compiler:
     def fail(self, node: ast.AST | None, what: str) -> SpecError:
         where = f" at offset {node.col_offset}" if node is not None and hasattr(node, "col_offset") else ""
         return SpecError(
-            f"{self.label}: unsupported construct {what}{where} in expression {self.text!r}; "
-            f"allowed: {ALLOWED}"
+            f"{self.label}: unsupported construct {what}{where} in expression "
+            f"{short_repr(self.text)}; allowed: {ALLOWED}"
         )
 
     def column(self, name: str) -> pc.Expression:
@@ -146,6 +163,42 @@ class _Compiler:
         raise self.fail(node, f"{type(node).__name__} {ast.unparse(node)!r}")
 
 
+def _check_size(tree: ast.AST, text: str, label: str) -> None:
+    """Counts terms, ``in`` values and depth without recursion; SpecError past a limit."""
+    terms = in_values = 0
+    stack: list[tuple[ast.AST, int]] = [(tree, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_EXPR_DEPTH:
+            raise SpecError(
+                f"{label}: expression nests deeper than {MAX_EXPR_DEPTH} levels; split it into "
+                "several filter steps or use 'in [...]' instead of long chains"
+            )
+        if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+            in_values += len(node.elts)
+            if in_values > MAX_IN_VALUES:
+                raise SpecError(
+                    f"{label}: 'in' lists of the expression hold more than {MAX_IN_VALUES} "
+                    f"values; the limit is {MAX_IN_VALUES}. Filter on a join key or split the list"
+                )
+        elif isinstance(node, (ast.Name, ast.Constant)):
+            terms += 1
+        if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+            lo, hi = _INT_RANGE
+            if not lo <= node.value <= hi + 1:  # -2**63 is written as -(2**63)
+                raise SpecError(
+                    f"{label}: integer literal {short_repr(node.value, 40)} in the expression does "
+                    f"not fit in 64 bits ({lo}..{hi})"
+                )
+        stack += [(c, depth + 1) for c in ast.iter_child_nodes(node)
+                  if not isinstance(c, (ast.expr_context, ast.cmpop, ast.boolop, ast.operator, ast.unaryop))]
+    if terms > MAX_EXPR_TERMS:
+        raise SpecError(
+            f"{label}: expression has {terms} terms (columns and literals); the limit is "
+            f"{MAX_EXPR_TERMS}. Use 'in [...]' for long lists of values, or split the filter"
+        )
+
+
 def _as_expr(v: Any) -> pc.Expression:
     return v if isinstance(v, pc.Expression) else pc.scalar(v)
 
@@ -162,13 +215,31 @@ def compile_expression(text: str, *, label: str = "Filter") -> tuple[pc.Expressi
     """
     if not isinstance(text, str) or not text.strip():
         raise SpecError(f"{label}: expr must be a non-empty string like \"age >= 18\"")
+    if len(text) > MAX_EXPR_CHARS:
+        raise SpecError(
+            f"{label}: expression is {len(text)} characters long; the limit is {MAX_EXPR_CHARS}"
+        )
     try:
         tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as e:
         raise SpecError(
-            f"{label}: cannot parse expression {text!r} ({e.msg} at offset {e.offset}); "
+            f"{label}: cannot parse expression {short_repr(text)} ({e.msg} at offset {e.offset}); "
             f"allowed: {ALLOWED}"
         ) from None
+    except (RecursionError, MemoryError):
+        raise SpecError(
+            f"{label}: expression nests deeper than {MAX_EXPR_DEPTH} levels; split it into "
+            "several filter steps"
+        ) from None
+    _check_size(tree, text, label)
     c = _Compiler(text, label)
-    out = c.expr(tree.body)
-    return _as_expr(out), c.columns
+    try:
+        out = c.expr(tree.body)
+        return _as_expr(out), c.columns
+    except SpecError:
+        raise
+    except (OverflowError, TypeError, ValueError, ArithmeticError) as e:
+        # A literal Arrow cannot hold, or operands Arrow cannot combine.
+        raise SpecError(
+            f"{label}: cannot build expression {short_repr(text)}: {short_repr(str(e).splitlines()[0] if str(e) else type(e).__name__)}"
+        ) from None

@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from slicefeed.connectors._errors import short_repr
 from slicefeed.transforms._base import (
     ERROR_COLUMN,
     PROVENANCE_FILE,
@@ -290,11 +291,12 @@ class Filter(Transform):
             self._require(schema, c, arg="expr")
         try:
             schema.empty_table().filter(expression)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, TypeError) as e:
-            msg = str(e).splitlines()[0]
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, TypeError,
+                OverflowError) as e:
+            msg = short_repr(str(e).splitlines()[0] if str(e) else type(e).__name__)
             types = ", ".join(f"{c}: {schema.field(c).type}" for c in cols)
             raise self._spec_error(
-                f"expression {self.expr!r} does not type-check against the columns ({types}): "
+                f"expression {short_repr(self.expr)} does not type-check against the columns ({types}): "
                 f"{msg}. It must be a boolean condition comparing compatible types."
             ) from None
         return schema
