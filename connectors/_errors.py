@@ -37,6 +37,20 @@ class BadRecordError(SlicefeedError, ValueError):
 QUOTE_LIMIT = 120
 
 
+def printable(text: str, limit: int = QUOTE_LIMIT) -> str:
+    """``text`` for a message, unquoted: control characters escaped, at most ``limit`` chars.
+
+    For text that comes from data (column names, reasons quoting records), so
+    it cannot add lines or terminal escape sequences to a message.
+    """
+    text = str(text)
+    cut = len(text) > limit
+    text = text[:limit]
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return f"{text}..." if cut else text
+
+
 def short_repr(value: object, limit: int = QUOTE_LIMIT) -> str:
     """``repr(value)`` for messages: control characters escaped, at most ``limit`` chars.
 
@@ -50,8 +64,8 @@ def short_repr(value: object, limit: int = QUOTE_LIMIT) -> str:
     text = repr(value)
     # repr escapes control characters in str/bytes; containers of other
     # objects may not, so escape what is left.
-    text = "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text) \
-        if not text.isprintable() else text
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
     if len(text) > limit:
         text = f"{text[:limit]}... ({len(text)} chars)"
     return text

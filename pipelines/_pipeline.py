@@ -23,6 +23,7 @@ from importlib import metadata as _md
 from typing import Any, Mapping, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import ray
 
 from slicefeed.connectors import (
@@ -147,9 +148,16 @@ class _Stage:
         key = _batch_key(self.stage_id, table) if self.counters is not None else None
         delta: dict[str, int] = {}
         if self.count_input:
-            delta["rows_read"] = table.num_rows
             # Records the reader could not decode (mark_errors=True).
             table, bad = split_errors(table)
+            unreadable = _whole_files(bad)
+            if unreadable is not None:
+                # A file whose row count is unknown: no error budget can
+                # cover it (before_commit fails the run), and it is not rows.
+                for f in set(bad.column(PROVENANCE_FILE).filter(unreadable).to_pylist()):
+                    delta[f"unreadable:{f}"] = 1
+                bad = bad.filter(pc.invert(unreadable))
+            delta["rows_read"] = table.num_rows + bad.num_rows
             if bad.num_rows:
                 self._handle_bad(bad, "read", delta)
             if RAW_COLUMN in table.column_names:
@@ -494,6 +502,15 @@ class Pipeline:
 
         def before_commit(manifest: Manifest) -> None:
             c = ray.get(counters.get.remote())
+            unreadable = sorted(k.split(":", 1)[1] for k in c if k.startswith("unreadable:"))
+            if unreadable:
+                raise BadRecordError(
+                    f"{self.name}: {len(unreadable)} input file(s) could not be read at all "
+                    f"({', '.join(repr(f) for f in unreadable[:5])}"
+                    f"{' ...' if len(unreadable) > 5 else ''}): their row count is unknown, so "
+                    "no max_error_fraction can cover them; nothing was committed. Replace or "
+                    "remove them and rerun."
+                )
             bad = c.get("rows_skipped", 0) + c.get("rows_quarantined", 0)
             read = c.get("rows_read", 0)
             if read and bad / read > max_frac:
@@ -549,6 +566,19 @@ class Pipeline:
         out = target.join(REPORT_NAME)
         out.fs.pipe_file(out.path, json.dumps(report.to_dict(), indent=2, default=str).encode())
         return report
+
+
+def _whole_files(bad: pa.Table) -> pa.Array | None:
+    """Mask of the reader's whole-file markers in ``bad``: no row and no raw bytes."""
+    from slicefeed.connectors._readers import RAW_COLUMN
+
+    if not bad.num_rows or PROVENANCE_ROW not in bad.column_names:
+        return None
+    mask = pc.is_null(bad.column(PROVENANCE_ROW))
+    if RAW_COLUMN in bad.column_names:
+        mask = pc.and_(mask, pc.is_null(bad.column(RAW_COLUMN)))
+    mask = mask.combine_chunks() if isinstance(mask, pa.ChunkedArray) else mask
+    return mask if pc.any(mask).as_py() else None
 
 
 def _remove(path: Any, *, recursive: bool = False) -> None:

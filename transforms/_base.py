@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from slicefeed.connectors._errors import BadRecordError, SpecError
+from slicefeed.connectors._errors import BadRecordError, SpecError, printable, short_repr
 
 if typing.TYPE_CHECKING:  # pragma: no cover
     import ray.data
@@ -167,9 +167,9 @@ class Transform:
     ) -> pa.DataType:
         """Checks ``column`` exists (and has one of ``kinds``); returns its type."""
         if column not in schema.names:
-            avail = ", ".join(n for n in schema.names if n not in RESERVED_COLUMNS)
+            avail = printable(", ".join(n for n in schema.names if n not in RESERVED_COLUMNS), 500)
             raise SpecError(
-                f"{self._label()}: column {column!r} not found; available: {avail or '(none)'}"
+                f"{self._label()}: column {short_repr(column)} not found; available: {avail or '(none)'}"
                 f". Fix the {arg!r} argument."
             )
         t = schema.field(column).type
@@ -243,7 +243,7 @@ def get_transform(name: str) -> type[Transform]:
         return TRANSFORMS[name]
     except (KeyError, TypeError):
         raise SpecError(
-            f"unknown transform {name!r}; allowed: {', '.join(sorted(TRANSFORMS))}"
+            f"unknown transform {short_repr(name)}; allowed: {', '.join(sorted(TRANSFORMS))}"
         ) from None
 
 
@@ -265,7 +265,7 @@ def transform_from_spec(item: Mapping[str, Any] | str) -> Transform:
     else:
         raise SpecError(
             f"a transform must be written as a mapping with one key, the transform "
-            f"name, e.g. {{rename: {{mapping: {{a: b}}}}}}; got {item!r}"
+            f"name, e.g. {{rename: {{mapping: {{a: b}}}}}}; got {short_repr(item)}"
         )
     cls = get_transform(name)
     if args is None:
@@ -273,13 +273,13 @@ def transform_from_spec(item: Mapping[str, Any] | str) -> Transform:
     if not isinstance(args, Mapping):
         raise SpecError(
             f"{name}: arguments must be a mapping of argument names to values; got "
-            f"{args!r}. Allowed arguments: {_arg_list(cls)}"
+            f"{short_repr(args)}. Allowed arguments: {_arg_list(cls)}"
         )
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = [k for k in args if k not in fields]
     if unknown:
         raise SpecError(
-            f"{name}: unknown argument {unknown[0]!r}; allowed arguments: {_arg_list(cls)}"
+            f"{name}: unknown argument {short_repr(unknown[0])}; allowed arguments: {_arg_list(cls)}"
         )
     missing = [
         k for k, f in fields.items() if _default_of(f) is dataclasses.MISSING and k not in args
@@ -294,7 +294,9 @@ def transform_from_spec(item: Mapping[str, Any] | str) -> Transform:
     except SpecError:
         raise
     except (TypeError, ValueError) as e:
-        raise SpecError(f"{name}: invalid arguments ({e}); allowed arguments: {_arg_list(cls)}") from e
+        raise SpecError(
+            f"{name}: invalid arguments ({printable(str(e), 300)}); allowed arguments: {_arg_list(cls)}"
+        ) from e
 
 
 def _arg_list(cls: type[Transform]) -> str:
@@ -387,7 +389,8 @@ def describe_rows(bad: pa.Table, *, limit: int = 3) -> list[str]:
             where.append(f"file {f!r}")
         if r is not None:
             where.append(f"row {r}")
-        out.append(f"{' '.join(where) or 'a row without provenance'}: {why}")
+        # Reasons may quote data: escaped and cut, so they cannot forge lines.
+        out.append(f"{' '.join(where) or 'a row without provenance'}: {printable(why, 500)}")
     return out
 
 
