@@ -18,6 +18,7 @@ from slicefeed.connectors._errors import (
     NotCommittedError,
     SlicefeedError,
     SpecError,
+    WorkerCrashError,
     short_repr,
 )
 from slicefeed.connectors._fs import ResolvedPath, expand_paths, resolve_filesystem
@@ -54,6 +55,7 @@ __all__ = [
     "ResolvedPath",
     "SlicefeedError",
     "SpecError",
+    "WorkerCrashError",
     "expand_paths",
     "is_committed",
     "peek_schema",

@@ -33,6 +33,13 @@ class BadRecordError(SlicefeedError, ValueError):
     """A record failed validation or a transform. The message names file and row."""
 
 
+class WorkerCrashError(SlicefeedError, RuntimeError):
+    """A task's worker process died on the same input more often than retries allow.
+
+    The message names the input file(s) and the transform(s) of the task.
+    """
+
+
 #: Longest quotation of user data in a message (spec values, record text).
 QUOTE_LIMIT = 120
 

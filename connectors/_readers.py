@@ -180,8 +180,8 @@ class ParquetFilesDatasource(_SlicefeedFileDatasource):
                 # Row count unknown (the footer holds it): one record with a
                 # null row stands for the whole file; the pipeline lets no
                 # error budget cover it.
-                yield self._bad_rows(path, [None], [f"not a readable Parquet file ({e}); "
-                                                    "its row count is unknown"])
+                why = f"not a readable Parquet file ({e}); its row count is unknown"
+                yield self._bad_rows(path, [None], [why])
                 return
             raise CorruptFileError(
                 f"{self._uri(path)} is not a readable Parquet file ({e}). Replace or "
@@ -408,8 +408,8 @@ class CsvDatasource(_SlicefeedFileDatasource):
                 read_options=pacsv.ReadOptions(use_threads=False),
             )
         except pa.ArrowInvalid as e:  # no header, or broken quoting
-            yield self._bad_rows(path, [None], [f"cannot be parsed as CSV ({printable(str(e), 300)}); "
-                                                "its row count is unknown"])
+            why = f"cannot be parsed as CSV ({printable(str(e), 300)}); its row count is unknown"
+            yield self._bad_rows(path, [None], [why])
             return
         n_total = table.num_rows + len(skipped)
         # Line numbers are 1-based and the header is line 1.
@@ -424,8 +424,8 @@ class CsvDatasource(_SlicefeedFileDatasource):
             yield self._bad_rows(
                 path,
                 [i if consistent else None for i in idx],
-                [f"line {num if num is not None else '?'} does not have the header's number of "
-                 "fields" for num, _ in skipped],
+                [f"line {num if num is not None else '?'} does not have the header's number of fields"
+                 for num, _ in skipped],
                 [t.encode() for _, t in skipped],
             )
 

@@ -34,6 +34,7 @@ from slicefeed.connectors import (
     BadRecordError,
     Manifest,
     SpecError,
+    WorkerCrashError,
     is_committed,
     peek_schema,
     read_csv,
@@ -73,6 +74,17 @@ class _Counters:
     def __init__(self) -> None:
         self.counts: dict[str, int] = {}
         self.seen: set[str] = set()
+        # Batches a stage started: key -> [attempts, what the batch holds].
+        self.started: dict[str, list[Any]] = {}
+
+    def begin(self, key: str, what: str) -> None:
+        entry = self.started.setdefault(key, [0, what])
+        entry[0] += 1
+
+    def crashed(self) -> list[tuple[int, str]]:
+        """(attempts, what) of batches started but never finished, most attempts first."""
+        out = [(n, what) for k, (n, what) in self.started.items() if k not in self.seen]
+        return sorted(out, reverse=True)
 
     def add(self, delta: dict[str, int], key: str | None = None) -> None:
         if key is not None:
@@ -100,6 +112,16 @@ def _batch_key(stage: str, table: pa.Table) -> str | None:
     h.update(enc.indices.to_numpy(zero_copy_only=False).tobytes())
     h.update("\0".join(enc.dictionary.to_pylist()).encode())
     return h.hexdigest()
+
+
+def _describe_batch(table: pa.Table, transforms: Sequence[Any]) -> str:
+    """``transform(s) a, b on file(s) x (rows i..j)`` for a batch (vectorised)."""
+    names = ", ".join(t.name for t in transforms)
+    files = table.column(PROVENANCE_FILE).unique().to_pylist()[:3]
+    rows = table.column(PROVENANCE_ROW)
+    lo, hi = pc.min(rows).as_py(), pc.max(rows).as_py()
+    return (f"transform(s) {names} on input file(s) {', '.join(repr(f) for f in files)}"
+            + (f" (rows {lo}..{hi})" if lo is not None else ""))
 
 
 class _Stage:
@@ -146,6 +168,10 @@ class _Stage:
         from slicefeed.transforms import split_errors
 
         key = _batch_key(self.stage_id, table) if self.counters is not None else None
+        if key is not None and self.transforms:
+            # Recorded before the transforms run, so a batch that kills its
+            # worker is known to the driver by its files and transforms.
+            ray.get(self.counters.begin.remote(key, _describe_batch(table, self.transforms)))
         delta: dict[str, int] = {}
         if self.count_input:
             # Records the reader could not decode (mark_errors=True).
@@ -315,13 +341,23 @@ class Pipeline:
     def _storage(src: Mapping[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in (src.get("storage") or {}).items() if k in STORAGE_OPTIONS}
 
+    def _retries(self) -> dict[str, Any]:
+        """Ray remote args bounding the reruns of a task whose worker died.
+
+        Ray Data's default (``max_retries=-1``) reruns such a task forever; a
+        record that kills its worker every time (a segfault, an OOM kill)
+        would make the run loop. Exceptions are not retried either way.
+        """
+        return {"max_retries": int(self.spec.get("task_retries", 2))}
+
     def _read_source(self, src: Mapping[str, Any]) -> ray.data.Dataset:
         opts = dict(src.get("options") or {})
         if src["format"] == "dataset":
-            return read_dataset(src["uri"], provenance=True, **opts, **self._storage(src))
+            return read_dataset(src["uri"], provenance=True, **opts, **self._storage(src),
+                                ray_remote_args=self._retries())
         return _READERS[src["format"]](
             src["uri"], provenance=True, mark_errors=self.spec["on_error"] != "fail",
-            **opts, **self._storage(src),
+            **opts, **self._storage(src), ray_remote_args=self._retries(),
         )
 
     def source_schema(self) -> pa.Schema:
@@ -389,10 +425,11 @@ class Pipeline:
                 seed=int(self.spec["seed"]),
             )
         on_error = self.spec["on_error"]
+        retries = self._retries()
         ds = ds.map_batches(
             _Stage([], on_error=on_error, counters=counters, quarantine=quarantine,
                    count_input=True),
-            batch_format="pyarrow", zero_copy_batch=True,
+            batch_format="pyarrow", zero_copy_batch=True, **retries,
         )
         group: list[Any] = []
         n_stages = [0]
@@ -403,7 +440,7 @@ class Pipeline:
                 ds = ds.map_batches(
                     _Stage(list(group), on_error=on_error, counters=counters, quarantine=quarantine,
                            stage_id=f"{n_stages[0]}:" + "+".join(t.name for t in group)),
-                    batch_format="pyarrow", zero_copy_batch=True,
+                    batch_format="pyarrow", zero_copy_batch=True, **retries,
                 )
                 group.clear()
             return ds
@@ -451,6 +488,24 @@ class Pipeline:
         return ds
 
     # -- batch run -------------------------------------------------------------------
+
+    def _crash_error(self, counters: Any) -> WorkerCrashError | None:
+        """The error naming the batch whose worker kept dying, if that ended the run."""
+        try:
+            crashed = ray.get(counters.crashed.remote(), timeout=30)
+        except Exception:  # noqa: BLE001 - the original error is reported instead
+            return None
+        retries = int(self.spec.get("task_retries", 2))
+        dead = [(n, what) for n, what in crashed if n > retries]
+        if not dead:
+            return None
+        n, what = dead[0]
+        return WorkerCrashError(
+            f"{self.name}: the worker running {what} died {n} times (task_retries={retries}); "
+            "the run stopped and nothing was committed. The input likely crashes the "
+            "transform (a segfault or an out-of-memory kill): fix or remove that input, "
+            "or the transform, and rerun."
+        )
 
     def run(self, *, overwrite: bool = False) -> RunReport:
         """Runs the pipeline and commits its sink.
@@ -520,11 +575,17 @@ class Pipeline:
                     "raise max_error_fraction."
                 )
 
-        manifest = write_parquet(
-            ds, target.uri, fingerprint=fp, overwrite=overwrite,
-            metadata={"pipeline": self.name, "seed": self.spec["seed"], "fit_stats": fit_stats},
-            before_commit=before_commit, **dict(sink.get("options") or {}), **storage,
-        )
+        try:
+            manifest = write_parquet(
+                ds, target.uri, fingerprint=fp, overwrite=overwrite,
+                metadata={"pipeline": self.name, "seed": self.spec["seed"], "fit_stats": fit_stats},
+                before_commit=before_commit, **dict(sink.get("options") or {}), **storage,
+            )
+        except Exception as e:
+            crash = self._crash_error(counters) if _worker_died(e) else None
+            if crash is None:
+                raise
+            raise crash from None
         wall = time.perf_counter() - t0
         c = ray.get(counters.get.remote())
         ray.kill(counters)
@@ -566,6 +627,21 @@ class Pipeline:
         out = target.join(REPORT_NAME)
         out.fs.pipe_file(out.path, json.dumps(report.to_dict(), indent=2, default=str).encode())
         return report
+
+
+def _worker_died(e: BaseException) -> bool:
+    """Whether ``e`` (or what caused it) is Ray reporting a dead worker process."""
+    died = (ray.exceptions.WorkerCrashedError, ray.exceptions.OutOfMemoryError,
+            ray.exceptions.NodeDiedError, ray.exceptions.ActorDiedError)
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, died):
+            return True
+        nxt = getattr(cur, "cause", None)
+        cur = nxt if isinstance(nxt, BaseException) else (cur.__cause__ or cur.__context__)
+    return False
 
 
 def _whole_files(bad: pa.Table) -> pa.Array | None:

@@ -18,6 +18,7 @@ A spec::
       options: {compression: zstd}
     on_error: fail                  # fail | skip | quarantine
     max_error_fraction: 0.0
+    task_retries: 2                 # reruns of a task whose worker died, then fail
     placement:
       preprocess_on: any            # any | cpu_only (keep Ray Data off TPU hosts)
 
@@ -71,6 +72,11 @@ COMPRESSIONS = ("none", "snappy", "gzip", "brotli", "lz4", "zstd")
 MAX_SEED = 2**63 - 1
 #: Nodes that YAML aliases may add to a spec in all (a plain spec uses a few).
 MAX_ALIAS_NODES = 10_000
+#: Default and largest ``task_retries``: how often Ray may rerun a task whose
+#: worker died (Ray Data's own default is unbounded, so a record that kills
+#: its worker every time would make a run loop forever).
+DEFAULT_TASK_RETRIES = 2
+MAX_TASK_RETRIES = 100
 
 _INT = {"type": "integer"}
 _SEED = {"type": "integer", "minimum": 0, "maximum": MAX_SEED}
@@ -134,6 +140,7 @@ SCHEMA: dict[str, Any] = {
         },
         "on_error": {"enum": list(ON_ERROR)},
         "max_error_fraction": {"type": "number", "minimum": 0, "maximum": 1},
+        "task_retries": {"type": "integer", "minimum": 0, "maximum": MAX_TASK_RETRIES},
         "placement": {
             "type": "object",
             "additionalProperties": False,
@@ -366,6 +373,7 @@ def validate_spec(spec: Any, *, source: str = "pipeline spec") -> dict[str, Any]
     spec.setdefault("transforms", [])
     spec.setdefault("on_error", "fail")
     spec.setdefault("max_error_fraction", 0.0)
+    spec.setdefault("task_retries", DEFAULT_TASK_RETRIES)
     from slicefeed.transforms import transform_from_spec
 
     for i, item in enumerate(spec["transforms"]):
