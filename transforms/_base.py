@@ -336,7 +336,7 @@ def mark_errors(table: pa.Table, bad: np.ndarray | pa.Array, reasons: Any) -> pa
     if not bad.any():
         return table
     if isinstance(reasons, str):
-        new = pa.array(np.where(bad, reasons, None), pa.string())
+        new = pc.if_else(pa.array(bad), pa.scalar(reasons, pa.string()), pa.scalar(None, pa.string()))
     else:
         r = np.asarray(reasons, dtype=object)
         new = pa.array(np.where(bad, r, None), pa.string())

@@ -25,7 +25,7 @@ from slicefeed.transforms._dtypes import (
     parse_type,
     to_bfloat16_bits,
 )
-from slicefeed.transforms._expr import compile_expression
+from slicefeed.transforms._expr import compile_expression, evaluate_with_errors
 
 if TYPE_CHECKING:  # pragma: no cover
     import ray.data
@@ -308,21 +308,16 @@ class Filter(Transform):
         try:
             return table.filter(expression)
         except (pa.ArrowInvalid, OverflowError):
-            # A value the expression cannot handle (division by zero, overflow):
-            # find those rows (error path only) and keep them, marked bad.
-            bad = _failing_rows(table, lambda t: t.filter(expression))
-            marked = mark_errors(
-                table, bad, f"Filter: expression {self.expr!r} failed on this row"
-            )
-            keep = pa.array(bad)
-            good_rows = table.filter(pc.invert(keep)).filter(expression)
-            return pa.concat_tables(
-                [
-                    mark_errors(good_rows, np.zeros(good_rows.num_rows, bool), ""),
-                    marked.filter(keep),
-                ],
-                promote_options="default",
-            )
+            # A value the expression cannot handle (division by zero,
+            # overflow): keep those rows, marked bad. Vectorised per
+            # expression node, so the cost does not grow with the bad rows.
+            mask, bad = evaluate_with_errors(self.expr, table, label=self._label())
+            keep = pc.fill_null(mask, False)
+            if ERROR_COLUMN in table.column_names:
+                keep = pc.or_(keep, pc.is_valid(table.column(ERROR_COLUMN)))
+            keep = pc.or_(keep, pa.array(bad))
+            marked = mark_errors(table, bad, f"Filter: expression {short_repr(self.expr)} failed on this row")
+            return marked.filter(keep)
 
 
 # -- fill, scaling, hashing, vocabularies, deduplication ------------------------
