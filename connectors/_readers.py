@@ -22,6 +22,7 @@ from __future__ import annotations
 import io
 import json
 import os
+from collections.abc import Mapping
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -33,34 +34,30 @@ from ray.data.datasource.file_based_datasource import FileShuffleConfig
 from slicefeed.connectors._errors import (
     BadRecordError,
     CorruptFileError,
+    MissingColumnError,
     SpecError,
     printable,
 )
+from slicefeed.connectors._formats import FORMATS, FileFormat, get_format
 from slicefeed.connectors._fs import ResolvedPath, expand_paths, has_glob, resolve_filesystem
+from slicefeed.connectors._names import ERROR_COLUMN, PROVENANCE_FILE, PROVENANCE_ROW, RAW_COLUMN
 
-PROVENANCE_FILE = "_sf_file"
-PROVENANCE_ROW = "_sf_row"
-#: Reason a record is bad (null = good). The same name as
-#: ``slicefeed.transforms.ERROR_COLUMN``: readers mark undecodable records with
-#: it when ``mark_errors=True`` (the pipeline's ``on_error: skip|quarantine``).
-ERROR_COLUMN = "_sf_error"
-#: Raw bytes of a record a reader could not decode (JSONL line, text line).
-RAW_COLUMN = "_sf_raw"
 #: Column names slicefeed adds to rows; input that has them is refused (it
 #: could forge a row's identity or mark rows bad). ``columns:`` in the source
 #: options leaves such a column out.
-RESERVED_COLUMNS = (PROVENANCE_FILE, PROVENANCE_ROW, ERROR_COLUMN, RAW_COLUMN)
+RESERVED_INPUT_COLUMNS = (PROVENANCE_FILE, PROVENANCE_ROW, ERROR_COLUMN, RAW_COLUMN)
 
 
 def _check_reserved(names: Sequence[str], uri: str) -> None:
-    clash = [n for n in names if n in RESERVED_COLUMNS]
+    clash = [n for n in names if n in RESERVED_INPUT_COLUMNS]
     if clash:
-        others = [n for n in names if n not in RESERVED_COLUMNS]
+        others = [n for n in names if n not in RESERVED_INPUT_COLUMNS]
         raise SpecError(
-            f"{uri}: column {clash[0]!r} is reserved by slicefeed ({', '.join(RESERVED_COLUMNS)} "
-            "carry row identity and bad-record markers). Rename it in the input, or keep "
-            f"the other columns with `columns: [{', '.join(printable(n, 40) for n in others[:8])}"
-            f"{', ...' if len(others) > 8 else ''}]` in the source options."
+            f"{uri}: column {clash[0]!r} is reserved by slicefeed "
+            f"({', '.join(RESERVED_INPUT_COLUMNS)} carry row identity and bad-record markers). "
+            "Rename it in the input, or keep the other columns with `columns: "
+            f"[{', '.join(printable(n, 40) for n in others[:8])}{', ...' if len(others) > 8 else ''}]` "
+            "in the source options."
         )
 
 _FIX_HINT = (
@@ -85,7 +82,7 @@ class _SlicefeedFileDatasource(FileBasedDatasource):
         **kwargs: Any,
     ):
         if mark_errors and not provenance:
-            raise ValueError("mark_errors=True needs provenance=True: a bad record is "
+            raise SpecError("mark_errors=True needs provenance=True: a bad record is "
                              "reported by its file and row.")
         super().__init__(paths, filesystem=source.fs, **kwargs)
         self._mark_errors = mark_errors
@@ -139,7 +136,7 @@ class _SlicefeedFileDatasource(FileBasedDatasource):
         if self._columns is not None:
             missing = [c for c in self._columns if c not in table.column_names]
             if missing:
-                raise SpecError(
+                raise MissingColumnError(
                     f"{self._uri(path)}: column(s) {missing} not found; available: "
                     f"{printable(', '.join(table.column_names), 500)}. Fix `columns` in the "
                     "source options."
@@ -164,7 +161,6 @@ class ParquetFilesDatasource(_SlicefeedFileDatasource):
     """Parquet files, one read per file, streaming record batches."""
 
     _FORMAT = "Parquet"
-    _FILE_EXTENSIONS = ["parquet", "pq"]
 
     def _open_input_source(self, filesystem, path: str, **open_args: Any) -> pa.NativeFile:
         # Parquet needs random access to the footer.
@@ -190,7 +186,7 @@ class ParquetFilesDatasource(_SlicefeedFileDatasource):
         if self._columns is not None:
             missing = [c for c in self._columns if c not in pf.schema_arrow.names]
             if missing:
-                raise SpecError(
+                raise MissingColumnError(
                     f"{self._uri(path)}: column(s) {missing} not found; available: "
                     f"{printable(', '.join(pf.schema_arrow.names), 500)}. Fix `columns` in the "
                     "source options."
@@ -220,7 +216,6 @@ class JsonlDatasource(_SlicefeedFileDatasource):
     """Newline-delimited JSON: one object per line."""
 
     _FORMAT = "JSONL"
-    _FILE_EXTENSIONS = ["jsonl", "json", "ndjson", "jsonl.gz", "json.gz"]
 
     def _read_stream(self, f: pa.NativeFile, path: str) -> Iterator[pa.Table]:
         import pyarrow.json as pajson
@@ -358,32 +353,31 @@ def _locate_bad_json_line(data: bytes, uri: str, err: Exception) -> BadRecordErr
 
 
 class CsvDatasource(_SlicefeedFileDatasource):
-    """CSV with a header row."""
+    """CSV with a header row; the delimiter is given, or follows the file name (``.tsv``)."""
 
     _FORMAT = "CSV"
-    _FILE_EXTENSIONS = ["csv", "csv.gz", "tsv"]
 
-    def __init__(self, *args: Any, delimiter: str = ",", **kwargs: Any):
+    def __init__(self, *args: Any, delimiter: str | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self._delimiter = delimiter
 
     def _read_stream(self, f: pa.NativeFile, path: str) -> Iterator[pa.Table]:
         import pyarrow.csv as pacsv
 
+        delimiter = FORMATS["csv"].options_for(path, {"delimiter": self._delimiter})["delimiter"]
         data = f.readall()
-        parse = pacsv.ParseOptions(delimiter=self._delimiter)
         try:
-            table = pacsv.read_csv(io.BytesIO(data), parse_options=parse)
+            table = pacsv.read_csv(io.BytesIO(data), parse_options=pacsv.ParseOptions(delimiter=delimiter))
         except pa.ArrowInvalid as e:
             if self._mark_errors:
-                yield from self._mark_bad_records(data, path)
+                yield from self._mark_bad_records(data, path, delimiter)
                 return
             raise BadRecordError(
                 f"{self._uri(path)}: cannot be parsed as CSV ({printable(str(e), 300)}). {_FIX_HINT}"
             ) from None
         yield self._finish(table, path, 0)
 
-    def _mark_bad_records(self, data: bytes, path: str) -> Iterator[pa.Table]:
+    def _mark_bad_records(self, data: bytes, path: str, delimiter: str) -> Iterator[pa.Table]:
         """Good records as rows, bad ones as marked rows with their raw text (error path).
 
         pyarrow's own ``invalid_row_handler`` skips records with the wrong
@@ -403,7 +397,7 @@ class CsvDatasource(_SlicefeedFileDatasource):
         try:
             table = pacsv.read_csv(
                 io.BytesIO(data),
-                parse_options=pacsv.ParseOptions(delimiter=self._delimiter,
+                parse_options=pacsv.ParseOptions(delimiter=delimiter,
                                                  invalid_row_handler=on_invalid),
                 read_options=pacsv.ReadOptions(use_threads=False),
             )
@@ -434,7 +428,6 @@ class TextDatasource(_SlicefeedFileDatasource):
     """Plain UTF-8 text, one row per line, in a ``text`` column."""
 
     _FORMAT = "Text"
-    _FILE_EXTENSIONS = None  # any file
 
     def __init__(self, *args: Any, drop_empty_lines: bool = False, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -492,14 +485,6 @@ class TextDatasource(_SlicefeedFileDatasource):
         yield self._bad_rows(path, bad_rows, reasons, raw)
 
 
-_FORMATS: dict[str, type[_SlicefeedFileDatasource]] = {
-    "parquet": ParquetFilesDatasource,
-    "jsonl": JsonlDatasource,
-    "csv": CsvDatasource,
-    "text": TextDatasource,
-}
-
-
 def _read(
     fmt: str,
     uri: str | os.PathLike[str],
@@ -515,7 +500,7 @@ def _read(
 ) -> ray.data.Dataset:
     source = resolve_filesystem(uri, **fs_kwargs)
     paths = expand_paths(source, suffixes=suffixes)
-    ds_cls = _FORMATS[fmt]
+    ds_cls: type[_SlicefeedFileDatasource] = globals()[get_format(fmt).datasource]
     datasource = ds_cls(
         paths,
         source=source,
@@ -529,14 +514,6 @@ def _read(
 
 
 _FS_KEYS = ("credentials", "anonymous", "project", "storage_options")
-
-# Files a directory listing keeps, per format (a glob or a single file is taken as written).
-_SUFFIXES: dict[str, tuple[str, ...]] = {
-    "parquet": (".parquet", ".pq"),
-    "jsonl": (".jsonl", ".json", ".ndjson", ".jsonl.gz", ".json.gz"),
-    "csv": (".csv", ".csv.gz", ".tsv"),
-    "text": (),
-}
 
 
 def _split_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -584,7 +561,7 @@ def read_parquet(
     fs_kwargs, ray_kwargs = _split_kwargs(dict(kwargs))
     return _read(
         "parquet", uri, columns=columns, shuffle_seed=shuffle_seed, provenance=provenance,
-        suffixes=_SUFFIXES["parquet"], mark_errors=mark_errors, fs_kwargs=fs_kwargs, ray_kwargs=ray_kwargs,
+        suffixes=FORMATS["parquet"].listing_suffixes, mark_errors=mark_errors, fs_kwargs=fs_kwargs, ray_kwargs=ray_kwargs,
     )
 
 
@@ -605,7 +582,7 @@ def read_jsonl(
     fs_kwargs, ray_kwargs = _split_kwargs(dict(kwargs))
     return _read(
         "jsonl", uri, columns=columns, shuffle_seed=shuffle_seed, provenance=provenance,
-        suffixes=_SUFFIXES["jsonl"],
+        suffixes=FORMATS["jsonl"].listing_suffixes,
         mark_errors=mark_errors, fs_kwargs=fs_kwargs, ray_kwargs=ray_kwargs,
     )
 
@@ -616,18 +593,19 @@ def read_csv(
     columns: Sequence[str] | None = None,
     shuffle_seed: int | None = None,
     provenance: bool = False,
-    delimiter: str = ",",
+    delimiter: str | None = None,
     mark_errors: bool = False,
     **kwargs: Any,
 ) -> ray.data.Dataset:
     """Lazily reads CSV files with a header row (types inferred by pyarrow).
 
-    Same arguments as :func:`read_parquet`, plus ``delimiter``.
+    Same arguments as :func:`read_parquet`, plus ``delimiter`` (default: tab for
+    ``.tsv`` files, else comma).
     """
     fs_kwargs, ray_kwargs = _split_kwargs(dict(kwargs))
     return _read(
         "csv", uri, columns=columns, shuffle_seed=shuffle_seed, provenance=provenance,
-        suffixes=_SUFFIXES["csv"], mark_errors=mark_errors, fs_kwargs=fs_kwargs, ray_kwargs=ray_kwargs,
+        suffixes=FORMATS["csv"].listing_suffixes, mark_errors=mark_errors, fs_kwargs=fs_kwargs, ray_kwargs=ray_kwargs,
         datasource_kwargs={"delimiter": delimiter},
     )
 
@@ -650,7 +628,7 @@ def read_text(
     fs_kwargs, ray_kwargs = _split_kwargs(dict(kwargs))
     return _read(
         "text", uri, columns=None, shuffle_seed=shuffle_seed, provenance=provenance,
-        suffixes=_SUFFIXES["text"], mark_errors=mark_errors, fs_kwargs=fs_kwargs, ray_kwargs=ray_kwargs,
+        suffixes=FORMATS["text"].listing_suffixes, mark_errors=mark_errors, fs_kwargs=fs_kwargs, ray_kwargs=ray_kwargs,
         datasource_kwargs={"drop_empty_lines": drop_empty_lines},
     )
 
@@ -665,6 +643,7 @@ def peek_schema(
     columns: Sequence[str] | None = None,
     provenance: bool = False,
     mark_errors: bool = False,
+    options: Mapping[str, Any] | None = None,
     **fs_kwargs: Any,
 ) -> pa.Schema:
     """The schema a reader will produce, from the first file only, without Ray.
@@ -673,22 +652,28 @@ def peek_schema(
     column that first appears later is not seen); text is always ``text: string``.
     Used to check a pipeline's transforms before any Ray work starts.
 
+    Args:
+        options: The reader options (``{"delimiter": ";"}``), as the reader
+            gets them; a ``.tsv`` file is tab-separated unless they say otherwise.
+
     With ``mark_errors`` (the pipeline's ``on_error: skip|quarantine``) bad
     records do not stop the check: JSONL lines that are not JSON objects are
     left out, and an unreadable file is passed over for the next one.
 
     Raises:
         FileNotFoundError: nothing at ``uri``.
+        SpecError: ``fmt`` is not a registry format.
         CorruptFileError / BadRecordError: the first file cannot be parsed (named);
             with ``mark_errors``, no file can.
     """
+    file_format = get_format(fmt)
     source = resolve_filesystem(uri, **fs_kwargs)
-    files = expand_paths(source, suffixes=_SUFFIXES[fmt])
+    files = expand_paths(source, suffixes=file_format.listing_suffixes)
     error: Exception | None = None
     # Under mark_errors a bad file is skipped at run time, so look further.
     for first in files[: 20 if mark_errors else 1]:
         try:
-            schema = _peek_one(fmt, source, first, mark_errors=mark_errors)
+            schema = _peek_one(file_format, source, first, options=options, mark_errors=mark_errors)
             break
         except (CorruptFileError, BadRecordError) as e:
             error = e
@@ -699,7 +684,7 @@ def peek_schema(
     if columns is not None:
         missing = [c for c in columns if c not in schema.names]
         if missing:
-            raise SpecError(
+            raise MissingColumnError(
                 f"{shown}: column(s) {missing} not found; available: "
                 f"{printable(', '.join(schema.names), 500)}. Fix `columns` in the source options."
             )
@@ -719,54 +704,57 @@ def _is_json_object(line: bytes) -> bool:
         return False
 
 
-def _peek_one(fmt: str, source: ResolvedPath, first: str, *, mark_errors: bool) -> pa.Schema:
+def _peek_one(
+    fmt: FileFormat,
+    source: ResolvedPath,
+    first: str,
+    *,
+    options: Mapping[str, Any] | None,
+    mark_errors: bool,
+) -> pa.Schema:
     """The schema of one file (see :func:`peek_schema`)."""
     shown = source.to_uri(first)
-    if fmt == "text":
-        schema = pa.schema([("text", pa.string())])
-    elif fmt == "parquet":
+    if fmt.parse is None:  # Parquet: the footer has the schema
         import pyarrow.parquet as pq
 
         try:
             with source.fs.open(first, "rb") as f:
-                schema = pq.ParquetFile(f).schema_arrow
+                return pq.ParquetFile(f).schema_arrow
         except (pa.ArrowInvalid, OSError) as e:
             raise CorruptFileError(
                 f"{shown} is not a readable Parquet file ({e}). Replace or remove the file and rerun."
             ) from None
-    else:
-        with source.fs.open(first, "rb", compression="infer") as f:
-            head = f.read(_PEEK_BYTES)
-        if len(head) == _PEEK_BYTES and b"\n" in head:
-            head = head[: head.rindex(b"\n") + 1]
-        try:
-            if fmt == "jsonl":
-                import pyarrow.json as pajson
-
-                try:
-                    schema = pajson.read_json(io.BytesIO(head)).schema
-                except pa.ArrowInvalid:
-                    if not mark_errors:
-                        raise
-                    good = [ln for ln in head.split(b"\n") if _is_json_object(ln)]
-                    if not good:
-                        raise
+    if fmt.name == "text":
+        return pa.schema([("text", pa.string())])
+    with source.fs.open(first, "rb", compression="infer") as f:
+        head = f.read(_PEEK_BYTES)
+    if len(head) == _PEEK_BYTES and b"\n" in head:
+        head = head[: head.rindex(b"\n") + 1]
+    opts = fmt.options_for(first, options)
+    try:
+        return fmt.parse(head, opts).schema
+    except pa.ArrowInvalid as e:
+        if fmt.name == "jsonl":
+            if mark_errors:
+                good = [ln for ln in head.split(b"\n") if _is_json_object(ln)]
+                if good:
                     # Lines that disagree on a type are bad records at run time.
                     table, _, _ = _read_json_lines(
                         good, list(range(len(good))), [json.loads(ln) for ln in good],
                         list(range(1, len(good) + 1)))
-                    if table is None:
-                        raise
-                    schema = table.schema
-            else:
-                import pyarrow.csv as pacsv
+                    if table is not None:
+                        return table.schema
+            raise _locate_bad_json_line(head, shown, e) from None
+        if fmt.name == "csv" and mark_errors:
+            import pyarrow.csv as pacsv
 
-                # Under mark_errors a record with the wrong field count is a
-                # bad record at run time, not a reason to refuse the schema.
-                parse = pacsv.ParseOptions(invalid_row_handler=lambda row: "skip") if mark_errors else None
-                schema = pacsv.read_csv(io.BytesIO(head), parse_options=parse).schema
-        except pa.ArrowInvalid as e:
-            if fmt == "jsonl":
-                raise _locate_bad_json_line(head, shown, e) from None
-            raise BadRecordError(f"{shown}: cannot be parsed as CSV ({e}). {_FIX_HINT}") from None
-    return schema
+            # A record with the wrong field count is a bad record at run
+            # time, not a reason to refuse the schema.
+            try:
+                return pacsv.read_csv(io.BytesIO(head), parse_options=pacsv.ParseOptions(
+                    delimiter=opts["delimiter"], invalid_row_handler=lambda row: "skip")).schema
+            except pa.ArrowInvalid:
+                pass
+        raise BadRecordError(
+            f"{shown}: cannot be parsed as {fmt.name.upper()} ({printable(str(e), 300)}). {_FIX_HINT}"
+        ) from None

@@ -18,7 +18,6 @@ import json
 import os
 import platform
 import time
-import uuid
 from importlib import metadata as _md
 from typing import Any, Mapping, Sequence
 
@@ -26,29 +25,35 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import ray
 
+import slicefeed.connectors as connectors
 from slicefeed.connectors import (
+    ERROR_COLUMN,
     PROVENANCE_FILE,
     PROVENANCE_ROW,
+    RAW_COLUMN,
     REPORT_NAME,
     AlreadyCommittedError,
     BadRecordError,
     Manifest,
+    MissingColumnError,
     SpecError,
     WorkerCrashError,
     is_committed,
     peek_schema,
-    read_csv,
     read_dataset,
-    read_jsonl,
     read_manifest,
-    read_parquet,
-    read_text,
     resolve_filesystem,
     write_parquet,
 )
-from slicefeed.pipelines._spec import STORAGE_OPTIONS, fingerprint, load_spec, validate_spec
+from slicefeed.connectors._formats import get_format
+from slicefeed.pipelines._spec import (
+    STORAGE_OPTIONS,
+    expand_uri_templates,
+    fingerprint,
+    load_spec,
+    validate_spec,
+)
 
-_READERS = {"parquet": read_parquet, "jsonl": read_jsonl, "csv": read_csv, "text": read_text}
 QUARANTINE_DIR = "_quarantine"
 
 
@@ -145,8 +150,11 @@ class _Stage:
         quarantine: Any = None,
         count_input: bool = False,
         stage_id: str = "",
+        first_index: int = 0,
     ):
         self.transforms = list(transforms)
+        #: Position of ``transforms[0]`` in the spec's list (names the counters).
+        self.first_index = first_index
         self.on_error = on_error
         self.counters = counters
         self.quarantine = quarantine  # ResolvedPath of <sink>/_quarantine or None
@@ -164,7 +172,6 @@ class _Stage:
             self._quarantine(bad, what if isinstance(what, str) else what.name)
 
     def __call__(self, table: pa.Table) -> pa.Table:
-        from slicefeed.connectors._readers import RAW_COLUMN
         from slicefeed.transforms import split_errors
 
         key = _batch_key(self.stage_id, table) if self.counters is not None else None
@@ -194,10 +201,18 @@ class _Stage:
                 # (an unreadable file has none); transforms need them.
                 break
             n_in = table.num_rows
+            t0 = time.perf_counter()
             table, bad = split_errors(t(table))
+            tkey = f"t:{self.first_index + i}:{t.name}"
+            for k, v in (("in", n_in), ("out", table.num_rows), ("bad", bad.num_rows),
+                         ("time_s", time.perf_counter() - t0)):
+                delta[f"{tkey}:{k}"] = delta.get(f"{tkey}:{k}", 0) + v
+            if t.reshapes_rows:
+                for k, v in _padding_counts(table).items():
+                    delta[f"{tkey}:{k}"] = delta.get(f"{tkey}:{k}", 0) + v
             if bad.num_rows:
                 self._handle_bad(bad, t, delta)
-            if getattr(t, "reshapes_rows", False):
+            if t.reshapes_rows:
                 # Packing merges and splits rows: what goes in is not "filtered".
                 for k, v in (("in", n_in - bad.num_rows), ("out", table.num_rows)):
                     delta[f"reshaped:{t.name}:{k}"] = delta.get(f"reshaped:{t.name}:{k}", 0) + v
@@ -213,10 +228,6 @@ class _Stage:
         import hashlib
 
         import pyarrow.parquet as pq
-
-        from slicefeed.transforms import ERROR_COLUMN
-
-        from slicefeed.connectors._readers import RAW_COLUMN
 
         # Provenance and reason; for a record the reader could not decode,
         # also its raw bytes.
@@ -267,9 +278,25 @@ class RunReport:
     bytes_read: int = 0
     versions: dict[str, str] = dataclasses.field(default_factory=_versions)
     run_id: str = ""
+    #: One entry per transform of the spec that ran in a batch stage, in
+    #: order: index, name, rows_in, rows_out, rows_bad, time_s (summed over
+    #: tasks), and for packing ``packing_efficiency`` (non-padding / all slots).
+    transforms: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    #: Arrow bytes of the rows handed to the writer (in memory; what Ray's
+    #: "data written" counts). ``bytes_written`` is the Parquet size on disk.
+    bytes_in_memory: int = 0
+
+    @property
+    def packing_efficiency(self) -> float | None:
+        """Non-padding fraction of the packed rows, or None if nothing was packed."""
+        effs = [t["packing_efficiency"] for t in self.transforms if "packing_efficiency" in t]
+        return effs[-1] if effs else None
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if self.packing_efficiency is not None:
+            d["packing_efficiency"] = self.packing_efficiency
+        return d
 
     def summary(self) -> str:
         """A short human summary (what the CLI prints)."""
@@ -285,9 +312,15 @@ class RunReport:
             dropped.append(f"{self.rows_skipped} skipped as bad")
         if self.rows_quarantined:
             dropped.append(f"{self.rows_quarantined} quarantined")
+        eff = self.packing_efficiency
+        if eff is not None:
+            dropped.append(f"packing efficiency {eff:.1%}")
+        size = f"{self.bytes_written / 1e6:.2f} MB Parquet on disk"
+        if self.bytes_in_memory:
+            size += f", {self.bytes_in_memory / 1e6:.2f} MB as Arrow in memory"
         return (
             f"{self.name}: read {self.rows_read} rows, wrote {self.rows_written} rows in "
-            f"{self.files} files ({self.bytes_written / 1e6:.2f} MB) to {self.sink}"
+            f"{self.files} files ({size}) to {self.sink}"
             + (f"; {', '.join(dropped)}" if dropped else "")
             + f". {self.wall_s:.1f} s, {self.rows_per_s:,.0f} rows/s."
         )
@@ -299,6 +332,10 @@ class Pipeline:
     Args:
         spec: A spec dict (see :mod:`slicefeed.pipelines._spec`); validated here.
         source_name: Where the spec came from, for error messages.
+        date: Fixes ``{date}``/``{datetime}`` in source and sink URIs
+            (``YYYY-MM-DD``, a date or a datetime; default: now, UTC).
+        expand_templates: Fill ``{date}``, ``{datetime}``, ``{env:NAME}`` in
+            the URIs (False keeps them, e.g. to ship the spec elsewhere).
 
     Example:
         >>> p = load_pipeline("pipelines/recipes/text_lm.yaml")  # doctest: +SKIP
@@ -306,15 +343,32 @@ class Pipeline:
         >>> report = p.run()          # writes the committed sink
     """
 
-    def __init__(self, spec: Mapping[str, Any], *, source_name: str = "pipeline spec"):
+    def __init__(self, spec: Mapping[str, Any], *, source_name: str = "pipeline spec",
+                 date: Any = None, expand_templates: bool = True):
         self.spec = validate_spec(spec, source=source_name)
+        if expand_templates:
+            self.spec = expand_uri_templates(self.spec, when=date, source=source_name)
         self.source_name = source_name
         from slicefeed.transforms import transform_from_spec
 
         seed = int(self.spec["seed"])
         #: Rows taken from each source of a mixture (``sources:``), once built.
         self.mixture_counts: dict[str, int] = {}
-        self.transforms = [transform_from_spec(item).with_seed(seed) for item in self.spec["transforms"]]
+        self.transforms = [
+            self._bind_storage(transform_from_spec(item).with_seed(seed))
+            for item in self.spec["transforms"]
+        ]
+
+    def _bind_storage(self, t: Any) -> Any:
+        """Transforms that read files themselves (``decode_image`` paths) read them
+        on a source's filesystem with that source's storage options."""
+        bind = getattr(t, "with_source_storage", None)
+        if bind is None:
+            return t
+        try:
+            return bind([(s["uri"], self._storage(s)) for s in self._sources()])
+        except SpecError as e:
+            raise SpecError(f"{self.source_name}: {e}") from None
 
     @property
     def name(self) -> str:
@@ -355,7 +409,8 @@ class Pipeline:
         if src["format"] == "dataset":
             return read_dataset(src["uri"], provenance=True, **opts, **self._storage(src),
                                 ray_remote_args=self._retries())
-        return _READERS[src["format"]](
+        reader = getattr(connectors, get_format(src["format"]).reader)
+        return reader(
             src["uri"], provenance=True, mark_errors=self.spec["on_error"] != "fail",
             **opts, **self._storage(src), ray_remote_args=self._retries(),
         )
@@ -367,12 +422,18 @@ class Pipeline:
         if src["format"] == "dataset":
             schema = read_manifest(src["uri"], **self._storage(src)).schema
             cols = opts.get("columns")
+            missing = [c for c in cols or () if c not in schema.names]
+            if missing:
+                raise MissingColumnError(
+                    f"{src['uri']}: column(s) {missing} not in the dataset; available: "
+                    f"{', '.join(schema.names)}. Fix `columns` in the source options."
+                )
             schema = pa.schema([schema.field(c) for c in cols]) if cols else schema
             return schema.append(pa.field(PROVENANCE_FILE, pa.string())).append(
                 pa.field(PROVENANCE_ROW, pa.int64()))
         return peek_schema(src["format"], src["uri"], columns=opts.get("columns"),
                            provenance=True, mark_errors=self.spec["on_error"] != "fail",
-                           **self._storage(src))
+                           options=opts, **self._storage(src))
 
     def _source_sizes(self) -> list[dict[str, Any]]:
         """uri, format, file count and input bytes of each source (for the report)."""
@@ -433,23 +494,27 @@ class Pipeline:
         )
         group: list[Any] = []
         n_stages = [0]
+        first = [0]
 
         def flush(ds: ray.data.Dataset) -> ray.data.Dataset:
             if group:
                 n_stages[0] += 1
                 ds = ds.map_batches(
                     _Stage(list(group), on_error=on_error, counters=counters, quarantine=quarantine,
-                           stage_id=f"{n_stages[0]}:" + "+".join(t.name for t in group)),
+                           stage_id=f"{n_stages[0]}:" + "+".join(t.name for t in group),
+                           first_index=first[0]),
                     batch_format="pyarrow", zero_copy_batch=True, **retries,
                 )
                 group.clear()
             return ds
 
-        for t in transforms:
-            if getattr(t, "is_dataset_op", False):
+        for i, t in enumerate(transforms):
+            if t.is_dataset_op:
                 ds = flush(ds)
                 ds = t.dataset_op(ds)
             else:
+                if not group:
+                    first[0] = i
                 group.append(t)
         return flush(ds)
 
@@ -457,7 +522,7 @@ class Pipeline:
         """Transforms with the ones that need statistics fitted over the data before them."""
         fitted: list[Any] = []
         for t in self.transforms:
-            if getattr(t, "needs_fit", False) and not t.is_fitted:
+            if t.needs_fit and not t.is_fitted:
                 upstream = self._build(fitted)
                 t = t.fit(upstream)
             fitted.append(t)
@@ -477,12 +542,13 @@ class Pipeline:
         transforms = list(_fitted) if _fitted is not None else self._fitted()
         ds = self._build(transforms, counters=_counters, quarantine=_quarantine)
         if not keep_provenance:
-            ds = ds.map_batches(_drop_provenance, batch_format="pyarrow", zero_copy_batch=True)
+            ds = ds.map_batches(_drop_provenance if _counters is None else _Output(_counters),
+                                batch_format="pyarrow", zero_copy_batch=True)
         # Same input, seed and plan -> the same rows in the same order (DESIGN.md #3).
         ds.context.execution_options.preserve_order = True
         placement = (self.spec.get("placement") or {}).get("preprocess_on")
         if placement:
-            from slicefeed.pipelines._placement import apply_placement
+            from slicefeed.pipelines._ops.placement import apply_placement
 
             apply_placement(ds.context, placement)
         return ds
@@ -507,11 +573,19 @@ class Pipeline:
             "or the transform, and rerun."
         )
 
-    def run(self, *, overwrite: bool = False) -> RunReport:
+    def run(self, *, overwrite: bool = False, progress: bool = False,
+            progress_interval: float | None = None) -> RunReport:
         """Runs the pipeline and commits its sink.
 
         If the sink is already committed with this pipeline's fingerprint the
         run does nothing and reports ``status="already_committed"``.
+
+        Args:
+            overwrite: Replace a sink committed by another pipeline.
+            progress: Print progress in rows per transform to stderr while the
+                run writes (see :mod:`slicefeed.pipelines._progress`).
+            progress_interval: Seconds between progress lines (default 1 on a
+                terminal, 10 in a log).
 
         Raises:
             SpecError: the spec has no sink, or a transform does not fit the source.
@@ -575,12 +649,22 @@ class Pipeline:
                     "raise max_error_fraction."
                 )
 
-        try:
-            manifest = write_parquet(
+        def write() -> Manifest:
+            return write_parquet(
                 ds, target.uri, fingerprint=fp, overwrite=overwrite,
                 metadata={"pipeline": self.name, "seed": self.spec["seed"], "fit_stats": fit_stats},
                 before_commit=before_commit, **dict(sink.get("options") or {}), **storage,
             )
+
+        try:
+            if progress:
+                from slicefeed.pipelines._progress import Progress
+
+                with Progress(self.name, lambda: ray.get(counters.get.remote(), timeout=30),
+                              interval=progress_interval):
+                    manifest = write()
+            else:
+                manifest = write()
         except Exception as e:
             crash = self._crash_error(counters) if _worker_died(e) else None
             if crash is None:
@@ -623,6 +707,7 @@ class Pipeline:
             fit_stats=fit_stats, ray_stats=_ray_stats(ds),
             sources=sources, bytes_read=sum(src["bytes"] for src in sources),
             run_id=manifest.metadata.get("run_id", ""),
+            transforms=transform_rows(c), bytes_in_memory=int(c.get("bytes_out", 0)),
         )
         out = target.join(REPORT_NAME)
         out.fs.pipe_file(out.path, json.dumps(report.to_dict(), indent=2, default=str).encode())
@@ -677,15 +762,76 @@ def _drop_provenance(table: pa.Table) -> pa.Table:
     return table.drop_columns(drop) if drop else table
 
 
-def load_pipeline(path: str | os.PathLike[str], overrides: Sequence[str] | Mapping[str, Any] | None = None) -> Pipeline:
+class _Output:
+    """The last stage before the writer: drops provenance, counts rows and in-memory bytes."""
+
+    def __init__(self, counters: Any):
+        self.counters = counters
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        key = _batch_key("output", table)
+        table = _drop_provenance(table)
+        if table.num_rows:
+            ray.get(self.counters.add.remote(
+                {"rows_out": table.num_rows, "bytes_out": table.nbytes}, key))
+        return table
+
+
+def _padding_counts(table: pa.Table) -> dict[str, int]:
+    """Slots and non-padding slots of a packed batch (``segment_ids`` 0 = padding)."""
+    import pyarrow.compute as pc
+
+    if "segment_ids" not in table.column_names or table.num_rows == 0:
+        return {}
+    col = table.column("segment_ids")
+    if not pa.types.is_fixed_size_list(col.type) and not pa.types.is_list(col.type):
+        return {}
+    values = pc.list_flatten(col)
+    return {"slots": len(values),
+            "tokens": int(pc.sum(pc.not_equal(values, 0)).as_py() or 0)}
+
+
+def transform_rows(counts: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per-transform rows in/out, bad rows and task time from a run's stage counters.
+
+    ``time_s`` is the time spent in the transform summed over all tasks (CPU
+    time across workers, not wall time). A packing transform (output column
+    ``segment_ids``) also gets ``packing_efficiency``: non-padding slots over
+    all slots of its output rows.
+    """
+    by: dict[int, dict[str, Any]] = {}
+    for k, v in counts.items():
+        if not k.startswith("t:"):
+            continue
+        _, idx, name, field = k.split(":", 3)
+        entry = by.setdefault(int(idx), {"index": int(idx), "name": name, "rows_in": 0,
+                                         "rows_out": 0, "rows_bad": 0, "time_s": 0.0})
+        key = {"in": "rows_in", "out": "rows_out", "bad": "rows_bad"}.get(field, field)
+        entry[key] = entry.get(key, 0) + v
+    out = []
+    for idx in sorted(by):
+        e = by[idx]
+        e["time_s"] = round(float(e["time_s"]), 3)
+        slots = e.pop("slots", None)
+        tokens = e.pop("tokens", None)
+        if slots:
+            e["packing_efficiency"] = round(tokens / slots, 4)
+            e["tokens"], e["slots"] = int(tokens), int(slots)
+        out.append(e)
+    return out
+
+
+def load_pipeline(path: str | os.PathLike[str], overrides: Sequence[str] | Mapping[str, Any] | None = None,
+                  *, date: Any = None) -> Pipeline:
     """Loads and validates a YAML pipeline spec.
 
     Args:
         path: The YAML file.
         overrides: ``["sink.uri=/tmp/out", "seed=3"]`` or ``{"sink.uri": "/tmp/out"}``.
+        date: The run date for ``{date}``/``{datetime}`` in URIs (default: today, UTC).
 
     Raises:
         SpecError: naming the offending key and the allowed values.
     """
     spec = load_spec(path, overrides)
-    return Pipeline(spec, source_name=os.fspath(path))
+    return Pipeline(spec, source_name=os.fspath(path), date=date)

@@ -6,7 +6,7 @@ A spec::
     seed: 0                         # randomness of seeded transforms
     source:                         # required (or `sources:`, a weighted mixture:
                                     #   [{name, format, uri, weight}, ...])
-      format: jsonl                 # parquet | jsonl | csv | text | dataset
+      format: jsonl                 # a registry format (parquet | jsonl | csv | text) or dataset
       uri: gs://bucket/raw/*.jsonl
       options: {columns: [text]}    # reader options
     transforms:                     # optional, applied in order
@@ -41,27 +41,27 @@ seeds, codecs, duplicate source names) are checked here too.
 from __future__ import annotations
 
 import copy
+import datetime as _dt
 import hashlib
 import json
 import math
 import os
+import re
 from typing import Any, Mapping, Sequence
 
 import jsonschema
 import yaml
 
-from slicefeed.connectors import SpecError, short_repr
+from slicefeed.connectors import ON_ERROR_POLICIES, SpecError, short_repr
+from slicefeed.connectors._formats import FORMATS
 
-SOURCE_FORMATS = ("parquet", "jsonl", "csv", "text", "dataset")
+#: The file formats of the registry, plus ``dataset`` (a committed slicefeed dataset).
+SOURCE_FORMATS = (*FORMATS, "dataset")
 SINK_FORMATS = ("parquet",)
-ON_ERROR = ("fail", "skip", "quarantine")
 
 # Reader options each source format accepts (keyword arguments of the readers).
 SOURCE_OPTIONS = {
-    "parquet": ("columns", "shuffle_seed"),
-    "jsonl": ("columns", "shuffle_seed"),
-    "csv": ("columns", "shuffle_seed", "delimiter"),
-    "text": ("shuffle_seed", "drop_empty_lines"),
+    **{name: f.spec_options for name, f in FORMATS.items()},
     "dataset": ("columns",),
 }
 SINK_OPTIONS = ("compression", "min_rows_per_file", "row_group_size")
@@ -138,7 +138,7 @@ SCHEMA: dict[str, Any] = {
                 "storage": {"type": "object", "additionalProperties": False, "properties": _STORAGE},
             },
         },
-        "on_error": {"enum": list(ON_ERROR)},
+        "on_error": {"enum": list(ON_ERROR_POLICIES)},
         "max_error_fraction": {"type": "number", "minimum": 0, "maximum": 1},
         "task_retries": {"type": "integer", "minimum": 0, "maximum": MAX_TASK_RETRIES},
         "placement": {
@@ -481,3 +481,76 @@ def fingerprint(spec: Mapping[str, Any]) -> str:
         "max_error_fraction": spec.get("max_error_fraction", 0.0),
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+
+
+# ``{date}``, ``{datetime}``, ``{env:NAME}`` in source and sink URIs.
+_TEMPLATE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?::([^{}]*))?\}")
+
+
+def expand_uri_templates(
+    spec: Mapping[str, Any],
+    *,
+    when: _dt.datetime | _dt.date | str | None = None,
+    env: Mapping[str, str] | None = None,
+    source: str = "pipeline spec",
+) -> dict[str, Any]:
+    """Fills ``{date}``, ``{datetime}`` and ``{env:NAME}`` in source and sink URIs.
+
+    ``{date}`` is the run's UTC date (``2026-11-30``), ``{datetime}`` its UTC
+    time (``20261130T031500Z``); ``when`` fixes them (a date, a datetime, or
+    ``YYYY-MM-DD``), default now. ``{env:NAME}`` is the environment variable
+    NAME. A scheduled job writes one committed dataset per run with
+    ``sink.uri: gs://bucket/out/{date}``.
+
+    Raises:
+        SpecError: an unknown placeholder, an unset variable, or a bad ``when``.
+    """
+    env = os.environ if env is None else env
+    now = parse_run_date(when)
+    values = {"date": now.strftime("%Y-%m-%d"), "datetime": now.strftime("%Y%m%dT%H%M%SZ")}
+
+    def fill(uri: str, where: str) -> str:
+        def one(m: re.Match[str]) -> str:
+            name, arg = m.group(1), m.group(2)
+            if name == "env" and arg is not None:
+                if arg not in env:
+                    raise SpecError(f"{source}: {where} uses {{env:{arg}}} but the environment "
+                                    f"variable {arg} is not set.")
+                return env[arg]
+            if arg is None and name in values:
+                return values[name]
+            raise SpecError(f"{source}: {where} has an unknown placeholder {m.group(0)[:60]!r}; "
+                            "allowed: {date}, {datetime}, {env:NAME}.")
+        return _TEMPLATE.sub(one, uri)
+
+    out = copy.deepcopy(dict(spec))
+    if isinstance(out.get("source"), dict) and isinstance(out["source"].get("uri"), str):
+        out["source"]["uri"] = fill(out["source"]["uri"], "source.uri")
+    for i, src in enumerate(out.get("sources") or []):
+        if isinstance(src, dict) and isinstance(src.get("uri"), str):
+            src["uri"] = fill(src["uri"], f"sources.{i}.uri")
+    if isinstance(out.get("sink"), dict) and isinstance(out["sink"].get("uri"), str):
+        out["sink"]["uri"] = fill(out["sink"]["uri"], "sink.uri")
+    return out
+
+
+def parse_run_date(when: _dt.datetime | _dt.date | str | None) -> _dt.datetime:
+    """The run's UTC time: now, or ``when`` (``YYYY-MM-DD`` or a date/datetime).
+
+    Raises:
+        SpecError: ``when`` is not a ``YYYY-MM-DD`` date.
+    """
+    if when is None:
+        return _dt.datetime.now(_dt.timezone.utc)
+    if isinstance(when, _dt.datetime):
+        return when.astimezone(_dt.timezone.utc) if when.tzinfo else when.replace(
+            tzinfo=_dt.timezone.utc)
+    if isinstance(when, _dt.date):
+        return _dt.datetime(when.year, when.month, when.day, tzinfo=_dt.timezone.utc)
+    try:
+        d = _dt.date.fromisoformat(str(when))
+        if len(str(when)) != 10:
+            raise ValueError
+    except ValueError:
+        raise SpecError(f"--date {str(when)[:40]!r}: expected YYYY-MM-DD, e.g. 2026-11-30.") from None
+    return _dt.datetime(d.year, d.month, d.day, tzinfo=_dt.timezone.utc)

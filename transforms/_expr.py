@@ -26,7 +26,7 @@ from typing import Any
 
 import pyarrow.compute as pc
 
-from slicefeed.connectors._errors import SpecError, short_repr
+from slicefeed.connectors import SpecError, short_repr
 
 #: Longest expression text (checked before parsing).
 MAX_EXPR_CHARS = 100_000

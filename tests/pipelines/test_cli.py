@@ -21,10 +21,10 @@ def _env() -> dict:
     return env
 
 
-def slicefeed(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
+def slicefeed(*args: str, timeout: int = 240, env: dict | None = None) -> subprocess.CompletedProcess:
     exe = os.path.join(os.path.dirname(sys.executable), "slicefeed")
     return subprocess.run(
-        [exe, *args], capture_output=True, text=True, timeout=timeout, env=_env()
+        [exe, *args], capture_output=True, text=True, timeout=timeout, env={**_env(), **(env or {})}
     )
 
 
@@ -47,13 +47,19 @@ def spec_file(local_dir):
     return path
 
 
-@pytest.mark.timeout(600)
-def test_demo_runs_and_is_idempotent(tmp_path):
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_demo_runs_twice_and_feeds_jax(tmp_path):
     out_dir = str(tmp_path / "demo dir")
-    r = slicefeed("demo", "--dir", out_dir, "--rows", "2000")
+    # One CPU device (the test session itself simulates 8).
+    r = slicefeed("demo", "--dir", out_dir, "--rows", "2000", env={"XLA_FLAGS": ""})
     assert r.returncode == 0, r.stderr[-3000:]
     assert "demo: wrote 2000 JSONL documents in 4 files" in r.stdout
     assert "text-lm: read 2000 rows, wrote" in r.stdout and "rows/s" in r.stdout
+    assert "packing efficiency" in r.stdout
+    # The trainer's path: the committed dataset through a JaxLoader on this machine's devices.
+    assert "to a JaxLoader on 1 JAX device(s) (cpu), global_batch_size=16:" in r.stdout
+    assert "  tokens: shape (16, 2048) int32, NamedSharding(mesh {'data': 1}" in r.stdout
     assert os.path.exists(os.path.join(out_dir, "out", "_manifest.json"))
     r = slicefeed("inspect", os.path.join(out_dir, "out"), "--json")
     assert r.returncode == 0, r.stderr
@@ -62,6 +68,18 @@ def test_demo_runs_and_is_idempotent(tmp_path):
     assert info["schema"] == {
         c: "fixed_size_list<item: int32>[2048]" for c in ("tokens", "segment_ids", "positions")
     }
+    # Twice: the regenerated corpus is the same, its dataset is reused, the loader runs again;
+    # with 8 simulated devices the batch is sharded 8 ways.
+    r = slicefeed("demo", "--dir", out_dir, "--rows", "2000",
+                  env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "already committed" in r.stdout, r.stdout
+    assert "JaxLoader on 8 JAX device(s) (cpu)" in r.stdout
+    assert "NamedSharding(mesh {'data': 8}, spec P('data',))" in r.stdout
+    # Another corpus size: the demo replaces its own dataset rather than refusing.
+    r = slicefeed("demo", "--dir", out_dir, "--rows", "1000", "-q")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "text-lm: read 1000 rows" in r.stdout and "demo: wrote" not in r.stdout
 
 
 @pytest.mark.timeout(600)
@@ -104,3 +122,61 @@ def test_runtime_failure_exits_1(tmp_path):
     assert "Traceback" not in r.stderr
     r = slicefeed("--debug", "inspect", str(tmp_path / "not-there"))
     assert r.returncode == 1 and "Traceback" in r.stderr
+
+
+def test_version():
+    r = slicefeed("--version")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("slicefeed ") and "ray " in r.stdout and "jax " in r.stdout
+
+
+def _ray_lines(text: str) -> list[str]:
+    return [ln for ln in text.splitlines()
+            if "\tINFO " in ln or " INFO " in ln or "Token authentication" in ln]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_output_quiet_default_verbose_and_report(spec_file, local_dir):
+    # Default: progress in rows named after the transforms, one line per update in a
+    # log (stderr is a pipe here); none of Ray's own INFO lines or auth notice.
+    r = slicefeed("run", spec_file, "--progress-interval", "0.5")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert not _ray_lines(r.stdout + r.stderr), _ray_lines(r.stdout + r.stderr)
+    progress = [ln for ln in r.stderr.splitlines() if ln.startswith("cli-test: ")]
+    assert progress and "\r" not in r.stderr, r.stderr[-2000:]
+    assert progress[-1] == progress[-1].strip()
+    assert "50 rows read | filter 50 -> 40 | cast 40 | written 40 |" in progress[-1], progress
+    assert r.stdout.startswith("cli-test: read 50 rows, wrote 40 rows")
+    assert "MB Parquet on disk" in r.stdout and "MB as Arrow in memory" in r.stdout
+    # _report.json: per-transform rows in/out and time as fields.
+    with open(os.path.join(local_dir, "out", "_report.json")) as f:
+        report = json.load(f)
+    got = [{k: t[k] for k in ("index", "name", "rows_in", "rows_out", "rows_bad")}
+           for t in report["transforms"]]
+    assert got == [{"index": 0, "name": "filter", "rows_in": 50, "rows_out": 40, "rows_bad": 0},
+                   {"index": 1, "name": "cast", "rows_in": 40, "rows_out": 40, "rows_bad": 0}]
+    assert all(isinstance(t["time_s"], float) and t["time_s"] >= 0 for t in report["transforms"])
+    assert report["bytes_in_memory"] > 0 and report["bytes_written"] > 0
+    # -q: only the final summary (and errors).
+    r = slicefeed("-q", "run", spec_file, "--overwrite")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.splitlines() == [r.stdout.strip()] and r.stdout.startswith("cli-test: read 50")
+    assert r.stderr == "", r.stderr[-2000:]
+    # -v (after the subcommand too): Ray's own lines are there.
+    r = slicefeed("run", spec_file, "--overwrite", "-v")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert _ray_lines(r.stdout + r.stderr), r.stderr[-2000:]
+
+
+@pytest.mark.timeout(600)
+def test_dated_sink(spec_file, local_dir):
+    from slicefeed.connectors import is_committed, resolve_filesystem
+
+    dated = os.path.join(local_dir, "nightly", "{date}")
+    r = slicefeed("validate", spec_file, "--set", f"sink.uri={dated}", "--date", "2026-1-2")
+    assert r.returncode == 2 and "expected YYYY-MM-DD" in r.stderr, r.stderr[-2000:]
+    r = slicefeed("-q", "run", spec_file, "--set", f"sink.uri={dated}", "--date", "2026-01-02")
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = os.path.join(local_dir, "nightly", "2026-01-02")
+    assert out in r.stdout and is_committed(resolve_filesystem(out))

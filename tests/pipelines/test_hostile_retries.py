@@ -22,7 +22,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 _CLI = (
     "import sys; sys.path.insert(0, {here!r}); import _crash_transform; "
-    "from slicefeed.pipelines._cli import main; sys.exit(main(sys.argv[1:]))"
+    "from slicefeed.pipelines._ops.cli import main; sys.exit(main(sys.argv[1:]))"
 )
 
 

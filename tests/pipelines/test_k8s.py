@@ -13,22 +13,24 @@ import argparse
 import copy
 import json
 import os
+import subprocess
+import sys
 
 import jsonschema
 import pytest
 import yaml
 
 from slicefeed.connectors import SpecError
-from slicefeed.pipelines._k8s import add_parser, build_manifests, render
+from slicefeed.pipelines._ops.k8s import add_parser, build_manifests, render
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 
 SPEC = """\
 name: Nightly Tokenize
-source: {uri: "gs://raw-bucket/text/*.parquet"}
+source: {format: parquet, uri: "gs://raw-bucket/text/*.parquet"}
 transforms:
-  - {op: select, columns: [text]}
-sink: {uri: "gs://out-bucket/tokenized"}
+  - {select: {columns: [text]}}
+sink: {format: parquet, uri: "gs://out-bucket/tokenized"}
 """
 
 
@@ -120,9 +122,9 @@ def test_cpu_only_rayjob_validates(spec_path):
 
 
 def test_v6e_4x4_rayjob_has_tpu_group(spec_path):
-    pytest.importorskip("slicefeed.pipelines._topology", reason="SliceSpec not merged yet")
+    pytest.importorskip("slicefeed.pipelines._ops.topology", reason="SliceSpec not merged yet")
     docs = list(yaml.safe_load_all(render(
-        build_manifests(spec_path, topology="4x4", accelerator="v6e", image="img")
+        build_manifests(spec_path, topology="4x4", accelerator="v6e", image="img:1")
     )))
     job = _by_kind(docs)["RayJob"][0]
     _validate(RAYJOB, job)
@@ -146,7 +148,7 @@ def test_v6e_4x4_rayjob_has_tpu_group(spec_path):
 
 
 def test_cronjob_submits_a_valid_rayjob(spec_path):
-    docs = build_manifests(spec_path, schedule="0 3 * * *", image="img", namespace="jobs")
+    docs = build_manifests(spec_path, schedule="0 3 * * *", image="img:1", namespace="jobs")
     docs = list(yaml.safe_load_all(render(docs)))
     kinds = _by_kind(docs)
     assert "RayJob" not in kinds
@@ -169,7 +171,7 @@ def test_cronjob_submits_a_valid_rayjob(spec_path):
 
 def test_strict_schema_catches_mistakes(spec_path):
     """The validation can fail: broken manifests are rejected with the field named."""
-    job = build_manifests(spec_path, image="img")[-1]
+    job = build_manifests(spec_path, image="img:1")[-1]
     bad = copy.deepcopy(job)
     del bad["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["groupName"]
     assert any("groupName" in e.message for e in RAYJOB.iter_errors(bad))
@@ -191,7 +193,7 @@ def test_strict_schema_catches_mistakes(spec_path):
 def test_cli_parser_prints_manifests(spec_path, capsys):
     parser = argparse.ArgumentParser(prog="slicefeed")
     add_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["k8s", spec_path, "--image", "img", "--namespace", "ns",
+    args = parser.parse_args(["k8s", spec_path, "--no-source-check", "--image", "img:1", "--namespace", "ns",
                               "--cpu-workers", "3", "--name", "tok"])
     assert args.handler(args) == 0
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
@@ -202,7 +204,7 @@ def test_cli_parser_prints_manifests(spec_path, capsys):
 
 
 def test_spec_in_image_ships_no_configmap(spec_path):
-    docs = build_manifests(spec_path, image="img", spec_in_image="/app/p.yaml", overwrite=True)
+    docs = build_manifests(spec_path, image="img:1", spec_in_image="/app/p.yaml", overwrite=True)
     assert [d["kind"] for d in docs] == ["RayJob"]
     _validate(RAYJOB, docs[0])
     assert docs[0]["spec"]["entrypoint"] == "slicefeed run /app/p.yaml --overwrite"
@@ -220,11 +222,11 @@ def test_spec_in_image_ships_no_configmap(spec_path):
 )
 def test_bad_arguments_are_spec_errors(spec_path, kwargs, match):
     with pytest.raises(SpecError, match=match):
-        build_manifests(spec_path, image="img", **kwargs)
+        build_manifests(spec_path, image="img:1", **kwargs)
 
 
 def test_bad_topology_is_spec_error(spec_path):
-    pytest.importorskip("slicefeed.pipelines._topology", reason="SliceSpec not merged yet")
+    pytest.importorskip("slicefeed.pipelines._ops.topology", reason="SliceSpec not merged yet")
     with pytest.raises(SpecError, match="5x5"):
         build_manifests(spec_path, topology="5x5", accelerator="v6e")
 
@@ -245,24 +247,124 @@ def test_credentials_never_reach_the_manifests(tmp_path, capsys):
     p = tmp_path / "job.yaml"
     p.write_text(
         "name: secret-job\n"
-        f"source: {{uri: 'gs://b/in', credentials: '{key}'}}\n"
-        f"sink: {{uri: 'gs://b/out', storage_options: {{token: '{key}'}}}}\n"
+        f"source: {{format: parquet, uri: 'gs://b/in', storage: {{credentials: '{key}'}}}}\n"
+        f"sink: {{format: parquet, uri: 'gs://b/out', storage: {{credentials: '{key}'}}}}\n"
     )
     for kwargs in ({}, {"schedule": "@daily"}, {"credentials_secret": "gcp-sa-key"}):
-        out = render(build_manifests(str(p), image="img", **kwargs))
+        out = render(build_manifests(str(p), image="img:1", **kwargs))
         assert str(key) not in out and "sa-key-9d8c" not in out
         assert "PRIVATE-KEY-MARKER-77" not in out
         for doc in yaml.safe_load_all(out):
             if doc["kind"] == "RayJob":
                 _validate(RAYJOB, doc)
-    assert "removed source.credentials, sink.storage_options.token" in capsys.readouterr().err
+    assert "removed source.storage.credentials, sink.storage.credentials" in capsys.readouterr().err
     # The shipped spec keeps everything else.
-    docs = build_manifests(str(p), image="img", credentials_secret="gcp-sa-key")
+    docs = build_manifests(str(p), image="img:1", credentials_secret="gcp-sa-key")
     shipped = yaml.safe_load(docs[0]["data"]["pipeline.yaml"])
-    assert shipped == {"name": "secret-job", "source": {"uri": "gs://b/in"},
-                       "sink": {"uri": "gs://b/out", "storage_options": {}}}
+    assert shipped == {"name": "secret-job",
+                       "source": {"format": "parquet", "uri": "gs://b/in", "storage": {}},
+                       "sink": {"format": "parquet", "uri": "gs://b/out", "storage": {}}}
     # A Secret is referenced by name only and mounted for GOOGLE_APPLICATION_CREDENTIALS.
     head = docs[1]["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
     assert {"name": "gcp-key", "secret": {"secretName": "gcp-sa-key"}} in head["volumes"]
     assert {"name": "GOOGLE_APPLICATION_CREDENTIALS",
             "value": "/var/secrets/google/key.json"} in head["containers"][0]["env"]
+
+
+def _slicefeed(*args: str) -> subprocess.CompletedProcess:
+    exe = os.path.join(os.path.dirname(sys.executable), "slicefeed")
+    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("mistake, named", [
+    ("transforms:\n  - {tokenise: {column: text}}\n", "tokenise"),
+    ("on_eror: skip\n", "on_eror"),
+])
+def test_k8s_refuses_an_invalid_spec_with_exit_2(tmp_path, mistake, named):
+    """What `slicefeed validate` refuses is refused before a manifest is printed."""
+    p = tmp_path / "bad.yaml"
+    p.write_text(SPEC.replace("transforms:\n  - {select: {columns: [text]}}\n", "") + mistake)
+    r = _slicefeed("k8s", str(p), "--image", "img:1", "--no-source-check")
+    assert r.returncode == 2, (r.stdout[-500:], r.stderr[-2000:])
+    assert named in r.stderr and "Traceback" not in r.stderr
+    assert r.stdout == ""  # nothing to pipe into kubectl apply
+    with pytest.raises(SpecError, match=named):
+        build_manifests(str(p), image="img:1")
+    # --debug after the subcommand is accepted by k8s too.
+    r = _slicefeed("k8s", str(p), "--image", "img:1", "--no-source-check", "--debug")
+    assert r.returncode != 0 and "Traceback" in r.stderr and named in r.stderr
+
+
+def test_k8s_checks_columns_against_a_readable_source(tmp_path):
+    """With a source it can read, k8s checks the transforms' columns like validate."""
+    raw = tmp_path / "raw.jsonl"
+    raw.write_text('{"text": "a"}\n')
+    p = tmp_path / "cols.yaml"
+    p.write_text(f"name: cols\nsource: {{format: jsonl, uri: '{raw}'}}\n"
+                 "transforms:\n  - {select: {columns: [nope]}}\n"
+                 "sink: {format: parquet, uri: gs://b/out}\n")
+    r = _slicefeed("k8s", str(p), "--image", "img:1")
+    assert r.returncode == 2 and "column 'nope' not found" in r.stderr, r.stderr[-2000:]
+
+
+def test_every_image_is_pinned(spec_path):
+    warnings = []
+    for kwargs in ({}, {"schedule": "0 3 * * *"}):
+        docs = list(yaml.safe_load_all(render(build_manifests(spec_path, warn=warnings.append,
+                                                              **kwargs))))
+        text = render(docs)
+        cm = next((d for d in docs if "rayjob.yaml" in d.get("data", {})), None)
+        if cm:
+            text += cm["data"]["rayjob.yaml"]
+        images = [line.split("image:", 1)[1].strip() for line in text.splitlines()
+                  if line.strip().startswith("image:")]
+        assert images, text
+        for image in images:
+            last = image.rsplit("/", 1)[-1]
+            assert ":" in last and not last.endswith(":latest"), image
+    # The default image is named after the installed version and is not published: warned.
+    assert any("not published" in w and "--image" in w for w in warnings), warnings
+    for bad in ("img", "img:latest", "registry.example.com:5000/slicefeed"):
+        with pytest.raises(SpecError, match="not pinned"):
+            build_manifests(spec_path, image=bad)
+    build_manifests(spec_path, image="registry.example.com:5000/slicefeed@sha256:" + "0" * 64)
+
+
+def test_configmap_holds_a_readable_yaml_block(spec_path):
+    out = render(build_manifests(spec_path, image="img:1", schedule="@daily"))
+    assert "pipeline.yaml: |" in out and "rayjob.yaml: |" in out
+    # The spec's lines appear as they are, indented under the key.
+    for line in SPEC.splitlines():
+        assert f"    {line}" in out
+    docs = list(yaml.safe_load_all(out))
+    assert docs[0]["data"]["pipeline.yaml"] == SPEC
+
+
+def test_local_paths_warned_and_set_passed_through(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "a.jsonl").write_text('{"text": "a"}\n')
+    p = tmp_path / "local.yaml"
+    p.write_text(f"name: local\nsource: {{format: jsonl, uri: '{raw}'}}\n"
+                 f"sink: {{format: parquet, uri: '{tmp_path / 'out'}'}}\n")
+    warnings = []
+    docs = build_manifests(str(p), image="img:1", warn=warnings.append)
+    assert any(w.startswith("source.uri") and "local path" in w for w in warnings), warnings
+    assert any(w.startswith("sink.uri") and "local path" in w for w in warnings), warnings
+    warnings.clear()
+    docs = build_manifests(str(p), image="img:1", warn=warnings.append,
+                           overrides=["sink.uri=gs://b/out/{date}", "seed=3"])
+    assert not any(w.startswith("sink.uri") for w in warnings), warnings
+    job = docs[-1]
+    _validate(RAYJOB, job)
+    assert job["spec"]["entrypoint"] == (
+        "slicefeed run /etc/slicefeed/pipeline.yaml --set 'sink.uri=gs://b/out/{date}' "
+        "--set seed=3")
+    with pytest.raises(SpecError, match="seed"):
+        build_manifests(str(p), image="img:1", overrides=["seed=abc"])
+    # The CLI prints the warnings (stderr), and -q silences them.
+    r = _slicefeed("k8s", str(p), "--image", "img:1")
+    assert r.returncode == 0 and "local path" in r.stderr, r.stderr[-2000:]
+    assert list(yaml.safe_load_all(r.stdout))[-1]["kind"] == "RayJob"
+    r = _slicefeed("k8s", str(p), "--image", "img:1", "-q")
+    assert r.returncode == 0 and r.stderr == "", r.stderr[-2000:]

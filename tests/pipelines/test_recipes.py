@@ -190,3 +190,19 @@ def test_text_recipe_report_counts_packing_not_as_filtered(ray_cluster, local_di
     assert r.reshaped["pack_sequences"]["rows_in"] == r.rows_read == 40
     assert r.reshaped["pack_sequences"]["rows_out"] == r.rows_written >= 1
     assert "pack_sequences turned 40 rows into" in r.summary()
+    # Packing efficiency, as a report field: non-padding slots of what was written.
+    import glob
+
+    import numpy as np
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    files = [f for f in glob.glob(os.path.join(local_dir, "out", "*.parquet"))]
+    seg = np.concatenate([pc.list_flatten(pq.read_table(f, columns=["segment_ids"]).column(0))
+                          .to_numpy() for f in files])
+    pack = [t for t in r.transforms if t["name"] == "pack_sequences"][0]
+    assert pack["rows_in"] == 40 and pack["rows_out"] == r.rows_written
+    assert pack["packing_efficiency"] == pytest.approx((seg != 0).mean(), abs=1e-4)
+    assert r.packing_efficiency == pack["packing_efficiency"]
+    assert r.to_dict()["packing_efficiency"] == pack["packing_efficiency"]
+    assert "packing efficiency" in r.summary()

@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from slicefeed.pipelines._slices import SliceInfo, format_table, list_slices
+from slicefeed.pipelines._ops.slices import SliceInfo, format_table, list_slices
 
 # `slicefeed slices` through the real CLI entry point (independent of PATH).
-SLICES = [sys.executable, "-m", "slicefeed.pipelines._cli", "slices"]
+SLICES = [sys.executable, "-m", "slicefeed.pipelines._ops.cli", "slices"]
 
 
 def _run(cluster, *args, timeout=120):
@@ -92,7 +92,7 @@ sys.stdout.write(out.stdout); sys.stderr.write(out.stderr)
 def test_unreachable_address_is_a_clear_error():
     import os
 
-    from _harness import free_port
+    from tests._harness import free_port
 
     bad = f"127.0.0.1:{free_port()}"
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}

@@ -29,7 +29,7 @@ def test_good_spec_gets_defaults():
 @pytest.mark.parametrize(
     "spec, message",
     [
-        (_with(sourc={}), r"unknown key 'sourc' in \(top level\); allowed keys: description, max_error_fraction, name, on_error, placement, seed, sink, source, sources, transforms"),
+        (_with(sourc={}), r"unknown key 'sourc' in \(top level\); allowed keys: description, max_error_fraction, name, on_error, placement, seed, sink, source, sources, task_retries, transforms"),
         ({"name": "t"}, r"missing required key 'source'"),
         ({"source": GOOD["source"]}, r"missing required key 'name'"),
         (_with(seed="zero"), r"seed must be an integer, got string 'zero'"),
@@ -81,3 +81,33 @@ def test_fingerprint_ignores_sink_but_not_transforms():
     b = validate_spec(_with(sink={"format": "parquet", "uri": "/other"}))
     c = validate_spec(_with(transforms=[{"select": {"columns": ["b"]}}]))
     assert fingerprint(a) == fingerprint(b) != fingerprint(c)
+
+
+def test_uri_templates_date_datetime_env():
+    import datetime as dt
+
+    from slicefeed.pipelines import Pipeline, expand_uri_templates
+
+    spec = validate_spec(_with(
+        source={"format": "parquet", "uri": "gs://b/raw/{date}/*.parquet"},
+        sink={"format": "parquet", "uri": "gs://b/{env:SF_TEAM}/out/{date}/{datetime}"}))
+    out = expand_uri_templates(spec, when="2026-01-02", env={"SF_TEAM": "nlp"})
+    assert out["source"]["uri"] == "gs://b/raw/2026-01-02/*.parquet"
+    assert out["sink"]["uri"] == "gs://b/nlp/out/2026-01-02/20260102T000000Z"
+    assert spec["sink"]["uri"].endswith("{date}/{datetime}"), "the input is not changed"
+    # Default: the run's UTC date.
+    today = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")
+    out = expand_uri_templates(spec, env={"SF_TEAM": "x"})
+    assert out["sink"]["uri"].startswith(f"gs://b/x/out/{today}/{today.replace('-', '')}T")
+    with pytest.raises(SpecError, match=r"sink.uri uses \{env:SF_TEAM\} but the environment "
+                                        "variable SF_TEAM is not set"):
+        expand_uri_templates(spec, env={})
+    with pytest.raises(SpecError, match=r"--date '2026-1-2': expected YYYY-MM-DD"):
+        expand_uri_templates(spec, when="2026-1-2", env={"SF_TEAM": "x"})
+    typo = _with(sink={"format": "parquet", "uri": "gs://b/out/{dat}"})
+    with pytest.raises(SpecError, match=r"unknown placeholder '\{dat\}'; allowed: \{date\}"):
+        Pipeline(typo, date="2026-01-02")
+    # A Pipeline fills them (the sink a scheduled run commits to); the fingerprint sees the
+    # filled source.
+    p = Pipeline(_with(sink={"format": "parquet", "uri": "/data/out/{date}"}), date="2026-03-04")
+    assert p.spec["sink"]["uri"] == "/data/out/2026-03-04"

@@ -184,7 +184,7 @@ def test_devices_must_be_positive():
 def test_docstring_examples_run():
     import doctest
 
-    from slicefeed.pipelines import _topology
+    from slicefeed.pipelines._ops import topology as _topology
 
     result = doctest.testmod(_topology, raise_on_error=False)
     assert result.attempted >= 3 and result.failed == 0

@@ -12,9 +12,10 @@ import json
 import os
 import sys
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from slicefeed.connectors import AlreadyCommittedError, SpecError
+from slicefeed.connectors._formats import FORMATS
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
@@ -28,19 +29,54 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(f"{self.prog}: {message}. See `{self.prog} --help`.")
 
 
-def _init_ray(address: str | None) -> None:
-    """Joins ``--address``/``RAY_ADDRESS`` if given, else starts a local Ray."""
+def version_text() -> str:
+    """``slicefeed X (ray Y, jax Z, pyarrow W, python V)`` without importing ray or jax."""
+    import platform
+    from importlib import metadata
+
+    def v(pkg: str) -> str:
+        try:
+            return metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    deps = ", ".join(f"{p} {v(p)}" for p in ("ray", "jax", "pyarrow"))
+    return f"slicefeed {v('slicefeed')} ({deps}, python {platform.python_version()})"
+
+
+def _init_ray(address: str | None, *, verbose: bool = False) -> None:
+    """Joins ``--address``/``RAY_ADDRESS`` if given, else starts a local Ray.
+
+    Unless ``verbose``, Ray's own INFO lines, its token-authentication notice
+    and Ray Data's progress bars are not shown (the run prints its own
+    progress in rows); ``-v`` shows them.
+    """
     import ray
+
+    from slicefeed.connectors._compat import quiet_ray_logging
 
     if ray.is_initialized():
         return
     address = address or os.environ.get("RAY_ADDRESS")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    quiet_ray_logging(verbose)
+    level = "INFO" if verbose else "WARNING"
     if address:
-        ray.init(address=address, logging_level="WARNING")
+        ray.init(address=address, logging_level=level)
     else:
-        # "local" never joins a stale cluster left in /tmp/ray (DESIGN.md).
-        ray.init(address="local", include_dashboard=False, logging_level="WARNING")
+        # "local" never joins a stale cluster left in /tmp/ray.
+        ray.init(address="local", include_dashboard=False, logging_level=level)
+    if not verbose:
+        from slicefeed.connectors._compat import disable_ray_data_progress_bars
+
+        disable_ray_data_progress_bars()
+
+
+def _say(args: argparse.Namespace, *lines: str) -> None:
+    """Prints progress/info lines unless ``-q``."""
+    if not getattr(args, "quiet", False):
+        for line in lines:
+            print(line, flush=True)
 
 
 # -- commands ---------------------------------------------------------------------
@@ -49,7 +85,7 @@ def _init_ray(address: str | None) -> None:
 def _cmd_validate(args: argparse.Namespace) -> int:
     from slicefeed.pipelines._pipeline import load_pipeline
 
-    p = load_pipeline(args.pipeline, args.set)
+    p = load_pipeline(args.pipeline, args.set, date=args.date)
     schema = p.check()
     print(f"{args.pipeline}: valid pipeline {p.name!r} ({len(p.transforms)} transforms, "
           f"fingerprint {p.fingerprint[:12]}).")
@@ -62,10 +98,11 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     from slicefeed.pipelines._pipeline import load_pipeline
 
-    p = load_pipeline(args.pipeline, args.set)
+    p = load_pipeline(args.pipeline, args.set, date=args.date)
     p.check()  # before starting Ray
-    _init_ray(args.address)
-    report = p.run(overwrite=args.overwrite)
+    _init_ray(args.address, verbose=args.verbose)
+    report = p.run(overwrite=args.overwrite, progress=not args.quiet and not args.verbose,
+                   progress_interval=args.progress_interval)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2, default=str))
     else:
@@ -74,9 +111,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from slicefeed.pipelines._inspect import inspect_uri
+    from slicefeed.pipelines._ops.inspect import inspect_uri
 
-    info = inspect_uri(args.uri, fmt=args.format)
+    info = inspect_uri(args.uri, fmt=args.format, options={"delimiter": args.delimiter})
     if args.json:
         print(json.dumps(info, indent=2, default=str))
         return EXIT_OK
@@ -97,39 +134,74 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from slicefeed.pipelines._demo import demo_spec, write_corpus
+    from slicefeed.connectors import is_committed, read_manifest, resolve_filesystem
+    from slicefeed.pipelines._ops.demo import demo_spec, feed_jax, write_corpus
     from slicefeed.pipelines._pipeline import Pipeline
 
     root = os.path.abspath(args.dir)
     raw, out = os.path.join(root, "raw"), os.path.join(root, "out")
     t0 = time.perf_counter()
-    paths = write_corpus(raw, rows=args.rows)
+    changed: list[str] = []
+    paths = write_corpus(raw, rows=args.rows, changed=changed)
     import yaml
 
     spec = demo_spec(raw, out)
     spec_path = os.path.join(root, "pipeline.yaml")
     with open(spec_path, "w", encoding="utf-8") as f:
         yaml.safe_dump(spec, f, sort_keys=False)
-    print(f"demo: wrote {args.rows} JSONL documents in {len(paths)} files to {raw} "
-          f"({time.perf_counter() - t0:.1f} s); pipeline spec: {spec_path}")
+    _say(args, f"demo: wrote {args.rows} JSONL documents in {len(paths)} files to {raw} "
+               f"({time.perf_counter() - t0:.1f} s); pipeline spec: {spec_path}")
     p = Pipeline(spec, source_name=spec_path)
     p.check()
-    _init_ray(args.address)
-    report = p.run(overwrite=args.overwrite)
-    print(report.summary())
-    print(f"demo: read it back with slicefeed.connectors.read_dataset({out!r}) or "
-          f"`slicefeed inspect {out}`.")
+    _init_ray(args.address, verbose=args.verbose)
+    progress = {"progress": not args.quiet and not args.verbose,
+                "progress_interval": args.progress_interval}
+    # The demo's own folder: a dataset a previous demo committed from another
+    # corpus (other --rows) is replaced, never refused or reported as current.
+    target = resolve_filesystem(out)
+    replace = args.overwrite or bool(
+        changed and is_committed(target)
+        and read_manifest(target).metadata.get("pipeline") == p.name)
+    if replace and not args.overwrite:
+        _say(args, f"demo: the corpus changed; replacing the dataset a previous demo "
+                   f"committed in {out}")
+    try:
+        report = p.run(overwrite=replace, **progress)
+    except AlreadyCommittedError:
+        if not (is_committed(target) and read_manifest(target).metadata.get("pipeline") == p.name):
+            raise
+        _say(args, f"demo: replacing the dataset a previous demo committed in {out}")
+        report = p.run(overwrite=True, **progress)
+    print(report.summary(), flush=True)
+    for line in feed_jax(out):
+        print(line)
+    _say(args, f"demo: read it back with slicefeed.connectors.read_dataset({out!r}), "
+               f"`slicefeed inspect {out}`, or JaxLoader({out!r}, global_batch_size=...).")
     return EXIT_OK
 
 
 # -- parser -----------------------------------------------------------------------
 
-# Subcommands that live in their own modules: (module, function adding the parser).
-# Each sets `func` (or `handler`) to a function of the parsed args returning an exit code.
-_EXTENSIONS: list[tuple[str, str]] = [
-    ("slicefeed.pipelines._k8s", "add_parser"),
-    ("slicefeed.pipelines._slices", "add_parser"),
-]
+# The one registration convention: every subcommand's parser sets `handler`, a
+# function of the parsed args returning an exit code. Subcommands that live in
+# their own modules expose `add_parser(subparsers)`; they are listed here.
+_COMMAND_MODULES: tuple[str, ...] = (
+    "slicefeed.pipelines._ops.k8s",
+    "slicefeed.pipelines._ops.slices",
+)
+
+
+def output_flags(p: argparse.ArgumentParser, *, default: Any) -> None:
+    """``-q``/``-v``, accepted before and after the subcommand.
+
+    Subcommand parsers pass ``default=argparse.SUPPRESS`` so that a flag given
+    before the subcommand is not reset by the subparser's default.
+    """
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("-q", "--quiet", action="store_true", default=default,
+                   help="print only the final summary and errors")
+    g.add_argument("-v", "--verbose", action="store_true", default=default,
+                   help="also show Ray's own log lines and progress bars")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -138,49 +210,60 @@ def build_parser() -> argparse.ArgumentParser:
         description="Batch preprocessing on Ray Data that feeds TPU slices.",
     )
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")
+    parser.add_argument("--version", action="version", version=version_text())
+    output_flags(parser, default=False)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def common(p: argparse.ArgumentParser, *, ray_: bool = False, spec: bool = False) -> None:
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="show full tracebacks")
+        output_flags(p, default=argparse.SUPPRESS)
         if spec:
             p.add_argument("pipeline", help="pipeline spec (YAML)")
             p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
                            help="override a spec value, e.g. --set sink.uri=/tmp/out (repeatable)")
+            p.add_argument("--date", default=None, metavar="YYYY-MM-DD",
+                           help="the run date for {date}/{datetime} in source and sink URIs "
+                                "(default: today, UTC)")
         if ray_:
             p.add_argument("--address", default=None,
                            help="Ray cluster to use (default: RAY_ADDRESS, else a local Ray)")
+            p.add_argument("--progress-interval", type=float, default=None, metavar="S",
+                           help="seconds between progress lines (default: 1 on a terminal, "
+                                "10 in a log)")
 
     p = sub.add_parser("run", help="run a pipeline and commit its sink")
     common(p, ray_=True, spec=True)
     p.add_argument("--overwrite", action="store_true",
                    help="replace a sink committed by a different pipeline")
     p.add_argument("--json", action="store_true", help="print the run report as JSON")
-    p.set_defaults(func=_cmd_run)
+    p.set_defaults(handler=_cmd_run)
 
     p = sub.add_parser("validate", help="validate a spec against its source schema (no Ray)")
     common(p, spec=True)
-    p.set_defaults(func=_cmd_validate)
+    p.set_defaults(handler=_cmd_validate)
 
     p = sub.add_parser("inspect", help="schema, rows, files and bytes of raw files or a committed dataset")
     common(p)
     p.add_argument("uri", help="a committed dataset prefix, a file, a folder or a glob")
-    p.add_argument("--format", choices=["auto", "parquet", "jsonl", "csv", "text"], default="auto")
+    p.add_argument("--format", choices=["auto", *FORMATS], default="auto")
+    p.add_argument("--delimiter", default=None,
+                   help="CSV field delimiter (default: tab for .tsv files, else comma)")
     p.add_argument("--json", action="store_true", help="print as JSON")
     p.add_argument("--max-files", type=int, default=20, help="files to list (default 20)")
-    p.set_defaults(func=_cmd_inspect)
+    p.set_defaults(handler=_cmd_inspect)
 
     p = sub.add_parser("demo", help="generate a small corpus locally and run the built-in pipeline")
     common(p, ray_=True)
     p.add_argument("--dir", default="slicefeed-demo", help="folder to write into (default ./slicefeed-demo)")
     p.add_argument("--rows", type=int, default=20000, help="documents to generate (default 20000)")
     p.add_argument("--overwrite", action="store_true", help="recompute even if already committed")
-    p.set_defaults(func=_cmd_demo)
+    p.set_defaults(handler=_cmd_demo)
 
     import importlib
 
-    for module, fn in _EXTENSIONS:
-        getattr(importlib.import_module(module), fn)(sub)
+    for module in _COMMAND_MODULES:
+        importlib.import_module(module).add_parser(sub)
     return parser
 
 
@@ -215,8 +298,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = "--debug" in argv
     try:
         args = build_parser().parse_args(argv)
-        handler = getattr(args, "func", None) or args.handler
-        return int(handler(args) or 0)
+        if args.quiet and args.verbose:
+            raise _UsageError("slicefeed: -q and -v exclude each other.")
+        return int(args.handler(args) or 0)
     except SystemExit as e:  # --help
         return int(e.code or 0)
     except BrokenPipeError:  # `slicefeed inspect ... | head`

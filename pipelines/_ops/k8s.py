@@ -39,6 +39,7 @@ import copy
 import shlex
 import os
 import re
+import shlex
 import sys
 from typing import Any
 
@@ -58,13 +59,84 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _MAX_NAME = 40
 
 
-def _default_image() -> str:
-    try:
-        from importlib.metadata import version
+#: The submitter pod of a CronJob: any image with ``sh`` and ``kubectl``, pinned.
+KUBECTL_IMAGE = "alpine/k8s:1.31.4"
 
+
+def _default_image() -> str:
+    """``slicefeed:<installed version>``: a name for the image the README builds.
+
+    It is not published to any registry, so ``slicefeed k8s`` warns when it
+    is used.
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
         return f"slicefeed:{version('slicefeed')}"
-    except Exception:  # noqa: BLE001 - not installed as a distribution
-        return "slicefeed:latest"
+    except PackageNotFoundError:  # running from a source tree
+        return "slicefeed:dev"
+
+
+def _check_pinned(image: str, what: str) -> None:
+    """Refuses an image without a version tag or digest, or tagged ``latest``."""
+    last = image.rsplit("/", 1)[-1]
+    if "@" in last:  # name@sha256:...
+        return
+    tag = last.split(":", 1)[1] if ":" in last else ""
+    if not tag or tag == "latest":
+        raise SpecError(
+            f"{what} {image!r} is not pinned: give a version tag or digest "
+            f"(e.g. {image.split('@')[0].rsplit(':', 1)[0] if tag else image}:1.2.3), so every "
+            "pod of a run, and every scheduled run, uses the same code."
+        )
+
+
+def _is_local(uri: str) -> bool:
+    return "://" not in uri or uri.startswith("file://")
+
+
+def check_spec(
+    spec_path: str,
+    overrides: list[str] | None = None,
+    *,
+    source_check: bool = True,
+    warn: Any = None,
+) -> dict[str, Any]:
+    """What ``slicefeed validate`` checks, for a spec about to be shipped.
+
+    The spec's keys, values and transforms are always checked (no I/O);
+    with ``source_check`` the transforms are also checked against the
+    source's schema when the source can be read from here (a source this
+    machine cannot read is a warning, not an error: the cluster may be able
+    to). A spec ``slicefeed run`` would refuse raises :class:`SpecError`.
+
+    Returns:
+        The validated spec (overrides applied).
+    """
+    from slicefeed.pipelines._pipeline import Pipeline
+    from slicefeed.pipelines._spec import load_spec
+
+    warn = warn or _warn
+    spec = load_spec(spec_path, overrides)
+    # URI templates ({date}, {env:NAME}) are filled in the pod, at run time.
+    p = Pipeline(spec, source_name=spec_path, expand_templates=False)
+    if "sink" not in p.spec:
+        raise SpecError(f"{spec_path}: missing required key 'sink' (format and uri); "
+                        "`slicefeed run` needs one.")
+    if source_check:
+        try:
+            p.check()
+        except SpecError:
+            raise
+        except Exception as e:  # noqa: BLE001 - unreachable here; the cluster may reach it
+            text = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            warn(f"could not read the source from here to check the transforms' columns "
+                 f"({type(e).__name__}: {text}); the spec's keys and transforms are valid.")
+    return p.spec
+
+
+def _warn(message: str) -> None:
+    print(f"slicefeed k8s: warning: {message}", file=sys.stderr)
 
 
 def _ray_version() -> str:
@@ -160,6 +232,9 @@ def build_manifests(
     overwrite: bool = False,
     ttl_seconds: int = 600,
     deadline_seconds: int | None = None,
+    overrides: list[str] | None = None,
+    kubectl_image: str = KUBECTL_IMAGE,
+    warn: Any = None,
 ) -> list[dict[str, Any]]:
     """Builds the Kubernetes objects that run ``spec_path`` on a KubeRay cluster.
 
@@ -186,14 +261,23 @@ def build_manifests(
         overwrite: Pass ``--overwrite`` to ``slicefeed run``.
         ttl_seconds: RayJob ``ttlSecondsAfterFinished``.
         deadline_seconds: RayJob ``activeDeadlineSeconds``.
+        overrides: ``--set KEY.PATH=VALUE`` items: checked here and passed on
+            to ``slicefeed run`` in the entrypoint.
+        kubectl_image: Image of the CronJob's submitter pod (sh + kubectl).
+        warn: Called with each warning (default: print to stderr).
 
     Returns:
         The objects as dicts, in apply order.
 
+    The spec is checked like ``slicefeed validate`` does, without reading
+    the source (see :func:`check_spec`); warnings name local paths the pods
+    cannot see and the unpublished default image.
+
     Raises:
-        SpecError: unreadable spec, invalid topology/accelerator, bad names or
-            quantities.
+        SpecError: unreadable or invalid spec, unpinned image, invalid
+            topology/accelerator, bad names or quantities.
     """
+    warn = warn or _warn
     try:
         with open(spec_path, encoding="utf-8") as f:
             text = f.read()
@@ -205,6 +289,15 @@ def build_manifests(
         raise SpecError(f"{spec_path}: not valid YAML: {e}") from e
     if not isinstance(spec, dict):
         raise SpecError(f"{spec_path}: a pipeline spec must be a YAML mapping.")
+    overrides = list(overrides or [])
+    checked = check_spec(spec_path, overrides, source_check=False, warn=warn)
+    for where, node in [("source", s_) for s_ in (
+            [checked["source"]] if "source" in checked else checked.get("sources", []))] + [
+            ("sink", checked["sink"])]:
+        if _is_local(str(node["uri"])):
+            warn(f"{where}.uri {str(node['uri'])[:200]!r} is a local path: the pods on the "
+                 "cluster do not see this machine's files; use gs://BUCKET/... (or a path "
+                 "inside the image / a mounted volume, on purpose).")
     if (topology is None) != (accelerator is None):
         raise SpecError("--topology and --accelerator go together (e.g. --topology 4x4 "
                         "--accelerator v6e).")
@@ -215,7 +308,13 @@ def build_manifests(
         raise SpecError(f"--name {job!r}: use at most {_MAX_NAME} lowercase letters, digits, '-'.")
     if not _DNS_LABEL.match(namespace):
         raise SpecError(f"--namespace {namespace!r} is not a valid Kubernetes namespace.")
-    image = image or _default_image()
+    if image is None:
+        image = _default_image()
+        warn(f"no --image: using {image!r}, a name for the image the README builds, which is "
+             "not published anywhere; build and push it, then pass "
+             "--image REGISTRY/slicefeed:TAG.")
+    _check_pinned(image, "--image")
+    _check_pinned(kubectl_image, "--kubectl-image")
     labels = {"app.kubernetes.io/name": "slicefeed", "slicefeed.dev/job": job}
 
     docs: list[dict[str, Any]] = []
@@ -225,12 +324,10 @@ def build_manifests(
     if spec_in_image is None:
         shipped, removed = _strip_secrets(spec)
         if removed:
-            print(
-                f"slicefeed k8s: removed {', '.join(removed)} from the shipped spec; "
-                "on GKE use Workload Identity (--service-account) or --credentials-secret.",
-                file=sys.stderr,
-            )
-        body = yaml.safe_dump(shipped, sort_keys=False) if removed else text
+            warn(f"removed {', '.join(removed)} from the shipped spec; "
+                 "on GKE use Workload Identity (--service-account) or --credentials-secret.")
+        body = text if not removed and _block_safe(text) else yaml.safe_dump(
+            shipped, sort_keys=False)
         cm = f"{job}-spec"
         docs.append({
             "apiVersion": "v1",
@@ -287,7 +384,7 @@ def build_manifests(
             )),
         })
     if topology is not None:
-        from slicefeed.pipelines._topology import SliceSpec
+        from slicefeed.pipelines._ops.topology import SliceSpec
 
         slice_ = SliceSpec(topology, accelerator)
         tpu_container = _container(
@@ -313,7 +410,11 @@ def build_manifests(
                               "effect": "NoSchedule"}],
             ),
         })
-    entrypoint = f"slicefeed run {shlex.quote(spec_in_pod)}" + (" --overwrite" if overwrite else "")
+    entrypoint = " ".join(
+        [f"slicefeed run {shlex.quote(spec_in_pod)}"]
+        + [f"--set {shlex.quote(item)}" for item in overrides]
+        + (["--overwrite"] if overwrite else [])
+    )
     rayjob_spec: dict[str, Any] = {
         "entrypoint": entrypoint,
         "shutdownAfterJobFinishes": True,
@@ -337,11 +438,11 @@ def build_manifests(
         docs.append(rayjob)
         return docs
     return docs + _cron_docs(rayjob, job=job, namespace=namespace, labels=labels,
-                             schedule=schedule)
+                             schedule=schedule, kubectl_image=kubectl_image)
 
 
 def _cron_docs(rayjob: dict[str, Any], *, job: str, namespace: str, labels: dict[str, str],
-               schedule: str) -> list[dict[str, Any]]:
+               schedule: str, kubectl_image: str) -> list[dict[str, Any]]:
     fields = schedule.split()
     if len(fields) != 5 and not schedule.startswith("@"):
         raise SpecError(
@@ -390,7 +491,7 @@ def _cron_docs(rayjob: dict[str, Any], *, job: str, namespace: str, labels: dict
                          "restartPolicy": "Never",
                          "containers": [{
                              "name": "submit",
-                             "image": "bitnami/kubectl:latest",
+                             "image": kubectl_image,
                              "command": ["/bin/sh", "-c", script],
                              "volumeMounts": [{"name": "rayjob",
                                                "mountPath": "/etc/slicefeed-rayjob",
@@ -405,9 +506,32 @@ def _cron_docs(rayjob: dict[str, Any], *, job: str, namespace: str, labels: dict
     ]
 
 
+def _block_safe(text: str) -> bool:
+    """Whether PyYAML can emit ``text`` as a literal block (``|``), i.e. readable."""
+    dumped = yaml.dump({"k": text}, Dumper=_Dumper, sort_keys=False)
+    return dumped.startswith("k: |")
+
+
+class _Dumper(yaml.SafeDumper):
+    """Safe dumper that writes multi-line strings as literal blocks (``|``)."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
 def render(docs: list[dict[str, Any]]) -> str:
-    """The objects as one multi-document YAML stream (``kubectl apply -f -``)."""
-    return yaml.safe_dump_all(docs, sort_keys=False, default_flow_style=False)
+    """The objects as one multi-document YAML stream (``kubectl apply -f -``).
+
+    Multi-line strings (the shipped spec, the CronJob's RayJob template) are
+    literal blocks, readable as YAML inside the ConfigMap.
+    """
+    return yaml.dump_all(docs, Dumper=_Dumper, sort_keys=False, default_flow_style=False,
+                         allow_unicode=True)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -418,6 +542,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0],
     )
     p.add_argument("pipeline", help="pipeline spec (YAML)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
+                   help="override a spec value (repeatable); checked here and passed on to "
+                        "`slicefeed run` in the pod")
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                   help="show full tracebacks")
+    p.add_argument("--no-source-check", dest="source_check", action="store_false",
+                   help="do not read the source to check the transforms' columns")
+    p.add_argument("--kubectl-image", default=KUBECTL_IMAGE,
+                   help=f"pinned image with sh and kubectl for the CronJob (default {KUBECTL_IMAGE})")
+    from slicefeed.pipelines._ops.cli import output_flags
+
+    output_flags(p, default=argparse.SUPPRESS)
     p.add_argument("--topology", help="TPU slice topology, e.g. 4x4 (needs --accelerator)")
     p.add_argument("--accelerator", help="TPU generation, e.g. v6e (needs --topology)")
     p.add_argument("--tpu-slices", type=int, default=1, help="number of TPU slices (default 1)")
@@ -446,9 +582,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run_k8s(args: argparse.Namespace) -> int:
-    """Handler of ``slicefeed k8s``: prints the manifests to stdout; returns 0."""
+    """Handler of ``slicefeed k8s``: checks the spec, prints the manifests to stdout; returns 0."""
+    warn = (lambda _m: None) if getattr(args, "quiet", False) else _warn
+    # The full `slicefeed validate` check, source schema included, before
+    # anything is printed: an invalid spec exits 2 here, not on the cluster.
+    check_spec(args.pipeline, args.set, source_check=args.source_check, warn=warn)
     docs = build_manifests(
         args.pipeline,
+        overrides=args.set,
+        kubectl_image=args.kubectl_image,
+        warn=warn,
         topology=args.topology,
         accelerator=args.accelerator,
         tpu_slices=args.tpu_slices,
