@@ -27,6 +27,9 @@ from slicefeed.connectors._errors import (
     ShardMismatchError,
     SlicefeedError,
     SpecError,
+    WorkerCrashError,
+    printable,
+    short_repr,
 )
 from slicefeed.connectors._names import (
     ERROR_COLUMN,
@@ -148,6 +151,7 @@ __all__ = [
     "ShardMismatchError",
     "SlicefeedError",
     "SpecError",
+    "WorkerCrashError",
     "VacuumResult",
     "check_sink_outside_sources",
     "current_version",
@@ -164,6 +168,8 @@ __all__ = [
     "read_parquet",
     "read_text",
     "resolve_filesystem",
+    "printable",
+    "short_repr",
     "vacuum",
     "write_atomic",
     "write_parquet",
