@@ -69,6 +69,7 @@ _LAZY = {
     "new_writer_id": "_commit",
     "vacuum": "_commit",
     "write_atomic": "_commit",
+    "verify_shards": "_verify",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -103,6 +104,7 @@ if TYPE_CHECKING:  # pragma: no cover
         read_parquet,
         read_text,
     )
+    from slicefeed.connectors._verify import verify_shards
     from slicefeed.connectors._writers import read_dataset, write_parquet
 
 
@@ -122,20 +124,9 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "AlreadyCommittedError",
-    "BadRecordError",
-    "CommitConflictError",
-    "CorruptFileError",
-    "CorruptManifestError",
     "DEFAULT_RETAIN_HOURS",
     "ERROR_COLUMN",
-    "InputFile",
-    "Lease",
     "MANIFEST_NAME",
-    "Manifest",
-    "ManifestFile",
-    "MissingColumnError",
-    "NotCommittedError",
     "ON_ERROR_POLICIES",
     "PROVENANCE_FILE",
     "PROVENANCE_ROW",
@@ -144,6 +135,17 @@ __all__ = [
     "REPORTS_DIR",
     "REPORT_NAME",
     "RESERVED_COLUMNS",
+    "AlreadyCommittedError",
+    "BadRecordError",
+    "CommitConflictError",
+    "CorruptFileError",
+    "CorruptManifestError",
+    "InputFile",
+    "Lease",
+    "Manifest",
+    "ManifestFile",
+    "MissingColumnError",
+    "NotCommittedError",
     "ResolvedPath",
     "ShardMismatchError",
     "SlicefeedError",
@@ -165,6 +167,7 @@ __all__ = [
     "read_text",
     "resolve_filesystem",
     "vacuum",
+    "verify_shards",
     "write_atomic",
     "write_parquet",
 ]
