@@ -21,6 +21,8 @@ VOCAB = 50257
 # tokens (fixed_size_list<int32>[2048]) + doc_id int64 + length int32 + loss_weight float32
 ROW_BYTES = SEQ_LEN * 4 + 8 + 4 + 4
 COLUMNS = ("tokens", "doc_id", "length", "loss_weight")
+# JAX without x64 refuses the int64 doc_id unless it is cast (range-checked) to 32 bits.
+LOADER_DTYPES = {"doc_id": "int32"}
 
 
 def process_env(device_count: int = 8) -> dict[str, str]:

@@ -337,6 +337,7 @@ def read_dataset(
     provenance: bool = False,
     version: int | None = None,
     verify: bool = False,
+    shard: tuple[int, int] | None = None,
     **kwargs: Any,
 ) -> ray.data.Dataset:
     """Lazily reads the committed dataset at ``uri``, through its manifest only.
@@ -353,6 +354,7 @@ def read_dataset(
         verify: Also check every shard's SHA-256 against the manifest (reads
             every byte). Sizes (from one listing) and row counts (from the
             footers) are always checked.
+        shard: ``(index, count)``: read only the manifest's files ``index::count``.
         **kwargs: ``credentials``/``anonymous``/``project``/``storage_options`` go to
             :func:`resolve_filesystem`; the rest to ``ray.data.read_parquet``.
 
@@ -364,7 +366,7 @@ def read_dataset(
             differs from the manifest; names the first such shard.
         CorruptFileError: A shard's Parquet footer does not parse; names it.
     """
-    from slicefeed.connectors._readers import ParquetFilesDatasource, _split_kwargs
+    from slicefeed.connectors._readers import ParquetFilesDatasource, _split_kwargs, shard_files
 
     fs_kwargs, ray_kwargs = _split_kwargs(dict(kwargs))
     target = resolve_filesystem(uri, **fs_kwargs)
@@ -376,10 +378,11 @@ def read_dataset(
                 f"{target.uri}: column(s) {missing} not in the dataset; available: "
                 f"{', '.join(manifest.schema.names)}."
             )
-    verify_shards(target, manifest, checksums=verify)
     if not manifest.files:
         return ray.data.from_arrow(manifest.schema.empty_table())
-    paths = [target.join(f.path).path for f in manifest.files]
+    files = shard_files(list(manifest.files), shard, uri=target.uri)
+    verify_shards(target, dataclasses.replace(manifest, files=tuple(files)), checksums=verify)
+    paths = [target.join(f.path).path for f in files]
     if provenance:
         return ray.data.read_datasource(
             ParquetFilesDatasource(paths, source=target, columns=columns, provenance=True),

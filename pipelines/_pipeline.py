@@ -369,14 +369,14 @@ class Pipeline:
     def _storage(src: Mapping[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in (src.get("storage") or {}).items() if k in STORAGE_OPTIONS}
 
-    def _read_source(self, src: Mapping[str, Any]) -> ray.data.Dataset:
+    def _read_source(self, src: Mapping[str, Any], shard: tuple[int, int] | None = None) -> ray.data.Dataset:
         opts = dict(src.get("options") or {})
         if src["format"] == "dataset":
-            return read_dataset(src["uri"], provenance=True, **opts, **self._storage(src))
+            return read_dataset(src["uri"], provenance=True, shard=shard, **opts, **self._storage(src))
         reader = getattr(connectors, get_format(src["format"]).reader)
         return reader(
             src["uri"], provenance=True, mark_errors=self.spec["on_error"] != "fail",
-            **opts, **self._storage(src),
+            shard=shard, **opts, **self._storage(src),
         )
 
     def source_schema(self) -> pa.Schema:
@@ -458,16 +458,17 @@ class Pipeline:
 
     # -- the dataset --------------------------------------------------------------
 
-    def _build(self, transforms: Sequence[Any], *, counters: Any = None, quarantine: Any = None) -> ray.data.Dataset:
+    def _build(self, transforms: Sequence[Any], *, counters: Any = None, quarantine: Any = None,
+               shard: tuple[int, int] | None = None) -> ray.data.Dataset:
         srcs = self._sources()
         if len(srcs) == 1:
-            ds = self._read_source(srcs[0])
+            ds = self._read_source(srcs[0], shard)
         else:
             from slicefeed.pipelines._mixture import interleave
 
             names = [str(s.get("name", i)) for i, s in enumerate(srcs)]
             ds, self.mixture_counts = interleave(
-                {n: self._read_source(s) for n, s in zip(names, srcs)},
+                {n: self._read_source(s, shard) for n, s in zip(names, srcs)},
                 [float(s.get("weight", 1.0)) for s in srcs],
                 seed=int(self.spec["seed"]),
             )
@@ -513,19 +514,25 @@ class Pipeline:
             fitted.append(t)
         return fitted
 
-    def dataset(self, *, keep_provenance: bool = False, _counters: Any = None,
-                _quarantine: Any = None, _fitted: Sequence[Any] | None = None) -> ray.data.Dataset:
+    def dataset(self, *, keep_provenance: bool = False, shard: tuple[int, int] | None = None,
+                _counters: Any = None, _quarantine: Any = None,
+                _fitted: Sequence[Any] | None = None) -> ray.data.Dataset:
         """The lazy ``ray.data.Dataset`` this pipeline produces (nothing is written).
 
-        Transforms that need statistics (``needs_fit``) are fitted here, which
-        runs the pipeline up to them once.
+        Transforms that need statistics (``needs_fit``) are fitted here, on all
+        of the input (also with ``shard``), which runs the pipeline up to them once.
 
         Args:
             keep_provenance: Keep the ``_sf_file``/``_sf_row`` row-identity columns.
+            shard: ``(index, count)``: only input files ``index::count`` of every
+                source (sorted): one host's deterministic share of whole files.
+
+        Raises:
+            SpecError: a source with fewer files than ``count``.
         """
         self.check()
         transforms = list(_fitted) if _fitted is not None else self._fitted()
-        ds = self._build(transforms, counters=_counters, quarantine=_quarantine)
+        ds = self._build(transforms, counters=_counters, quarantine=_quarantine, shard=shard)
         if not keep_provenance:
             ds = ds.map_batches(_drop_provenance if _counters is None else _Output(_counters),
                                 batch_format="pyarrow", zero_copy_batch=True)

@@ -12,9 +12,10 @@ import pyarrow.parquet as pq
 
 
 def make_table(start: int, n: int, width: int = 4) -> pa.Table:
-    """Rows ``start .. start+n-1``: ``id`` int64, ``x`` fixed_size_list<float32>[width]
+    """Rows ``start .. start+n-1``: ``id`` int32 (JAX without x64 refuses int64
+    columns unless ``dtypes`` casts them), ``x`` fixed_size_list<float32>[width]
     (x[i] = id * 10 + j), ``y`` fixed_size_list<fixed_size_list<int32>[2]>[3]."""
-    ids = np.arange(start, start + n, dtype=np.int64)
+    ids = np.arange(start, start + n, dtype=np.int32)
     x = (ids[:, None] * 10 + np.arange(width)[None, :]).astype(np.float32)
     y = (ids[:, None] + np.arange(6)[None, :]).astype(np.int32)
     return pa.table(

@@ -228,7 +228,7 @@ def test_copy_count_fixed_size_list(env):
     import jax
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from slicefeed.pipelines._columns import convert_table, plan_columns
+    from slicefeed.pipelines._loader._convert import convert_table, plan_columns
 
     import io
 
