@@ -6,50 +6,106 @@ Public API::
         resolve_filesystem, expand_paths,
         read_parquet, read_jsonl, read_csv, read_text,
         write_parquet, read_dataset, read_manifest,
+        SpecError, MissingColumnError, ...         # errors (one module, picklable)
+        PROVENANCE_FILE, PROVENANCE_ROW, ERROR_COLUMN, ON_ERROR_POLICIES, ...
     )
 
-This package never imports jax.
+Importing this package imports neither Ray nor jax; the readers and writers
+import Ray when first used.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from slicefeed.connectors._errors import (
     AlreadyCommittedError,
     BadRecordError,
     CorruptFileError,
+    MissingColumnError,
     NotCommittedError,
     SlicefeedError,
     SpecError,
 )
-from slicefeed.connectors._fs import ResolvedPath, expand_paths, resolve_filesystem
-from slicefeed.connectors._readers import (
+from slicefeed.connectors._names import (
+    ERROR_COLUMN,
+    ON_ERROR_POLICIES,
     PROVENANCE_FILE,
     PROVENANCE_ROW,
-    peek_schema,
-    read_csv,
-    read_jsonl,
-    read_parquet,
-    read_text,
+    RAW_COLUMN,
+    RESERVED_COLUMNS,
 )
-from slicefeed.connectors._writers import read_dataset, write_parquet
-from slicefeed.connectors._manifest import (
-    MANIFEST_NAME,
-    REPORT_NAME,
-    Manifest,
-    ManifestFile,
-    is_committed,
-    read_manifest,
-)
+
+# Everything else is imported on first use, so that importing the package
+# (for an error type or a column name) does not import Ray.
+_LAZY = {
+    "ResolvedPath": "_fs",
+    "expand_paths": "_fs",
+    "resolve_filesystem": "_fs",
+    "peek_schema": "_readers",
+    "read_csv": "_readers",
+    "read_jsonl": "_readers",
+    "read_parquet": "_readers",
+    "read_text": "_readers",
+    "read_dataset": "_writers",
+    "write_parquet": "_writers",
+    "MANIFEST_NAME": "_manifest",
+    "REPORT_NAME": "_manifest",
+    "Manifest": "_manifest",
+    "ManifestFile": "_manifest",
+    "is_committed": "_manifest",
+    "read_manifest": "_manifest",
+}
+
+if TYPE_CHECKING:  # pragma: no cover
+    from slicefeed.connectors._fs import ResolvedPath, expand_paths, resolve_filesystem
+    from slicefeed.connectors._manifest import (
+        MANIFEST_NAME,
+        REPORT_NAME,
+        Manifest,
+        ManifestFile,
+        is_committed,
+        read_manifest,
+    )
+    from slicefeed.connectors._readers import (
+        peek_schema,
+        read_csv,
+        read_jsonl,
+        read_parquet,
+        read_text,
+    )
+    from slicefeed.connectors._writers import read_dataset, write_parquet
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "AlreadyCommittedError",
     "BadRecordError",
     "CorruptFileError",
+    "ERROR_COLUMN",
     "MANIFEST_NAME",
     "Manifest",
     "ManifestFile",
+    "MissingColumnError",
     "NotCommittedError",
+    "ON_ERROR_POLICIES",
     "PROVENANCE_FILE",
     "PROVENANCE_ROW",
+    "RAW_COLUMN",
     "REPORT_NAME",
+    "RESERVED_COLUMNS",
     "ResolvedPath",
     "SlicefeedError",
     "SpecError",

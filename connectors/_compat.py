@@ -1,12 +1,157 @@
-"""The one place that touches private Ray/JAX/gcsfs names.
+"""The one module that touches private Ray, JAX and gcsfs attributes.
 
-Third-party imports are inside the functions, so importing slicefeed never
-imports ray or jax. Each function is small and self-contained.
+Everything slicefeed needs from a third-party library that has no public
+API goes through a small function here, so that an upgrade that moves or
+removes the attribute breaks one place, with a fallback instead of an
+``AttributeError`` deep in a run. Third-party imports are inside the
+functions: importing this module imports neither Ray nor JAX.
+
+Checked against the versions in :data:`CHECKED_VERSIONS` (the upper bounds
+in ``pyproject.toml`` keep installs within what was checked);
+``tests/connectors/test_compat.py`` exercises every entry against the
+installed versions.
+
+Entries (private attribute -> fallback when it is gone):
+
+- :func:`valid_tpu_topologies` -- ``ray._private.accelerators.tpu.VALID_TPU_TOPOLOGY``
+  -> None (callers accept any well-formed shape).
+- :func:`available_resources_per_node` -- ``ray._private.state.available_resources_per_node``
+  -> every node's total resources from the public ``ray.nodes()``.
+- :func:`dataset_meta_count` -- ``ray.data.Dataset._meta_count`` -> None (unknown).
+- :func:`jax_kv_client` -- ``jax._src.distributed.global_state.client`` -> None.
+- :func:`jax_sharding_1d` -- ``ray.data.util.jax_util._create_sharding_1d``
+  -> the same 1-D ``NamedSharding`` over ``jax.devices()`` built here.
+- :func:`gcsfs_undecorated_request` -- ``gcsfs.GCSFileSystem._request.__wrapped__``
+  -> None (callers keep gcsfs's own retry decorator).
+- :func:`quiet_ray_logging` -- the logger name of Ray's token-auth notice
+  (``ray._private.authentication...``) -> setting an unused logger's level is harmless.
+- :func:`disable_ray_data_progress_bars` -- the ``log_once`` key of Ray Data's
+  "progress bars disabled" warning -> the warning shows once.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+from typing import Any, Callable
+
+__all__ = [
+    "CHECKED_VERSIONS",
+    "available_resources_per_node",
+    "dataset_meta_count",
+    "gcsfs_undecorated_request",
+    "jax_kv_client",
+    "disable_ray_data_progress_bars",
+    "jax_sharding_1d",
+    "quiet_ray_logging",
+    "valid_tpu_topologies",
+]
+
+#: Library versions the private attributes below were checked on.
+CHECKED_VERSIONS = {"ray": "2.60.0", "jax": "0.10.2", "gcsfs": "2026.10.1"}
+
+#: Axis name of the 1-D device mesh Ray Data's ``iter_jax_batches`` shards over.
+MESH_1D_AXIS = "data"
+
+
+@functools.lru_cache(maxsize=1)
+def valid_tpu_topologies() -> dict[str, frozenset[str]] | None:
+    """Ray's table of slice shapes per TPU generation (``{"v6e": {"4x4", ...}}``).
+
+    Ray has no public accessor for the table; None when it has moved, and
+    callers then accept any well-formed ``AxB`` / ``AxBxC`` shape.
+    """
+    try:
+        from ray._private.accelerators.tpu import VALID_TPU_TOPOLOGY
+    except ImportError:
+        return None
+    if not isinstance(VALID_TPU_TOPOLOGY, dict):
+        return None
+    return {str(k): frozenset(map(str, v)) for k, v in VALID_TPU_TOPOLOGY.items()}
+
+
+def available_resources_per_node() -> dict[str, dict[str, float]]:
+    """Free resources of every alive node, keyed by node id (Ray must be initialised).
+
+    Falls back to each node's *total* resources (``ray.nodes()``, public)
+    when Ray's private per-node state API is gone: busy TPUs then look free.
+    """
+    try:
+        from ray._private.state import available_resources_per_node as free
+    except ImportError:
+        free = None
+    if free is not None:
+        return free()
+    import ray
+
+    return {n["NodeID"]: dict(n.get("Resources") or {}) for n in ray.nodes() if n.get("Alive")}
+
+
+def dataset_meta_count(ds: Any) -> int | None:
+    """Rows of a ``ray.data.Dataset`` when known from metadata alone, else None.
+
+    Uses ``Dataset._meta_count()`` (no execution); never runs the dataset.
+    """
+    fn = getattr(ds, "_meta_count", None)
+    if fn is None:
+        return None
+    try:
+        n = fn()
+    except Exception:  # noqa: BLE001 - informative only; unknown is a valid answer
+        return None
+    return int(n) if n is not None else None
+
+
+def jax_kv_client() -> Any | None:
+    """JAX's distributed key-value store client; None before ``jax.distributed.initialize()``.
+
+    The client (``key_value_set``, ``blocking_key_value_get``,
+    ``key_value_delete``...) is what multi-host JAX itself uses to agree on
+    values; there is no public handle to it.
+    """
+    try:
+        from jax._src import distributed
+    except ImportError:
+        return None
+    state = getattr(distributed, "global_state", None)
+    return getattr(state, "client", None)
+
+
+def jax_sharding_1d() -> Any:
+    """A 1-D ``NamedSharding`` over all devices, as Ray Data's JAX iterator builds it.
+
+    Ray's own helper is used when present (so the layout matches
+    ``iter_jax_batches``); otherwise the same construction is done here.
+    """
+    try:
+        from ray.data.util.jax_util import _GLOBAL_MESH_1D_AXIS, _create_sharding_1d
+    except ImportError:
+        _create_sharding_1d = None
+    if _create_sharding_1d is not None:
+        return _create_sharding_1d(_GLOBAL_MESH_1D_AXIS)
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    try:
+        from jax.experimental import mesh_utils
+
+        devices = mesh_utils.create_device_mesh((jax.device_count(),))
+    except Exception:  # noqa: BLE001 - topology-aware order is an optimisation
+        devices = np.array(jax.devices())
+    return NamedSharding(Mesh(devices, (MESH_1D_AXIS,)), PartitionSpec(MESH_1D_AXIS))
+
+
+def gcsfs_undecorated_request() -> Callable[..., Any] | None:
+    """``GCSFileSystem._request`` without gcsfs's retry decorator, or None.
+
+    slicefeed re-applies gcsfs's own ``retry_request`` with its retry count;
+    None means the hook is gone and callers keep gcsfs's default retries.
+    """
+    import gcsfs
+
+    return getattr(getattr(gcsfs.GCSFileSystem, "_request", None), "__wrapped__", None)
+
 
 # Ray's logger that warns, on every local ``ray.init``, that token
 # authentication was switched on (or is off).

@@ -1,7 +1,7 @@
 """Exceptions raised by slicefeed.
 
 They live in one module and pickle cleanly, because they cross Ray worker
-boundaries (STYLE.md, "Errors"). Storage errors are builtins
+boundaries. Storage errors are builtins
 (``FileNotFoundError``, ``PermissionError``) with the URI in the message; the
 classes here cover what has no builtin.
 """
@@ -31,3 +31,16 @@ class CorruptFileError(SlicefeedError, OSError):
 
 class BadRecordError(SlicefeedError, ValueError):
     """A record failed validation or a transform. The message names file and row."""
+
+
+class MissingColumnError(SpecError, KeyError):
+    """A column named by a spec, a reader option or an argument does not exist.
+
+    One type for every place that looks a column up (readers, ``read_dataset``,
+    transforms, the loader); a ``SpecError`` for the CLI and a ``KeyError`` for
+    callers that catch a missing key.
+    """
+
+    def __str__(self) -> str:
+        # KeyError would quote the message; keep it readable.
+        return str(self.args[0]) if self.args else ""

@@ -18,6 +18,8 @@ from typing import Any
 
 import fsspec
 
+from slicefeed.connectors._errors import SpecError
+
 _GLOB_CHARS = set("*?[")
 
 
@@ -97,14 +99,14 @@ def resolve_filesystem(
         A :class:`ResolvedPath`.
 
     Raises:
-        ValueError: If both ``credentials`` and ``anonymous=True`` are given.
+        SpecError: If both ``credentials`` and ``anonymous=True`` are given.
     """
     uri = os.fspath(uri)
     storage_options = dict(storage_options or {})
     protocol, rest = _split_protocol(uri)
     if protocol in ("gs", "gcs"):
         if credentials is not None and anonymous:
-            raise ValueError(
+            raise SpecError(
                 f"{uri}: pass either credentials= (a key file) or anonymous=True, not both."
             )
         if anonymous is None:

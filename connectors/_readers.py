@@ -22,6 +22,7 @@ from __future__ import annotations
 import io
 import json
 import os
+from collections.abc import Mapping
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -30,17 +31,16 @@ import ray
 from ray.data.datasource import FileBasedDatasource
 from ray.data.datasource.file_based_datasource import FileShuffleConfig
 
-from slicefeed.connectors._errors import BadRecordError, CorruptFileError, SpecError
+from slicefeed.connectors._errors import (
+    BadRecordError,
+    CorruptFileError,
+    MissingColumnError,
+    SpecError,
+)
+from slicefeed.connectors._formats import FORMATS, FileFormat, get_format
 from slicefeed.connectors._fs import ResolvedPath, expand_paths, has_glob, resolve_filesystem
+from slicefeed.connectors._names import ERROR_COLUMN, PROVENANCE_FILE, PROVENANCE_ROW, RAW_COLUMN
 
-PROVENANCE_FILE = "_sf_file"
-PROVENANCE_ROW = "_sf_row"
-#: Reason a record is bad (null = good). The same name as
-#: ``slicefeed.transforms.ERROR_COLUMN``: readers mark undecodable records with
-#: it when ``mark_errors=True`` (the pipeline's ``on_error: skip|quarantine``).
-ERROR_COLUMN = "_sf_error"
-#: Raw bytes of a record a reader could not decode (JSONL line, text line).
-RAW_COLUMN = "_sf_raw"
 
 _FIX_HINT = (
     "Fix or remove it, or set `on_error: skip` or `on_error: quarantine` in the "
@@ -64,7 +64,7 @@ class _SlicefeedFileDatasource(FileBasedDatasource):
         **kwargs: Any,
     ):
         if mark_errors and not provenance:
-            raise ValueError("mark_errors=True needs provenance=True: a bad record is "
+            raise SpecError("mark_errors=True needs provenance=True: a bad record is "
                              "reported by its file and row.")
         super().__init__(paths, filesystem=source.fs, **kwargs)
         self._mark_errors = mark_errors
@@ -118,7 +118,7 @@ class _SlicefeedFileDatasource(FileBasedDatasource):
         if self._columns is not None:
             missing = [c for c in self._columns if c not in table.column_names]
             if missing:
-                raise SpecError(
+                raise MissingColumnError(
                     f"{self._uri(path)}: column(s) {missing} not found; available: "
                     f"{', '.join(table.column_names)}. Fix `columns` in the source options."
                 )
@@ -141,7 +141,6 @@ class ParquetFilesDatasource(_SlicefeedFileDatasource):
     """Parquet files, one read per file, streaming record batches."""
 
     _FORMAT = "Parquet"
-    _FILE_EXTENSIONS = ["parquet", "pq"]
 
     def _open_input_source(self, filesystem, path: str, **open_args: Any) -> pa.NativeFile:
         # Parquet needs random access to the footer.
@@ -164,7 +163,7 @@ class ParquetFilesDatasource(_SlicefeedFileDatasource):
         if self._columns is not None:
             missing = [c for c in self._columns if c not in pf.schema_arrow.names]
             if missing:
-                raise SpecError(
+                raise MissingColumnError(
                     f"{self._uri(path)}: column(s) {missing} not found; available: "
                     f"{', '.join(pf.schema_arrow.names)}. Fix `columns` in the source options."
                 )
@@ -193,7 +192,6 @@ class JsonlDatasource(_SlicefeedFileDatasource):
     """Newline-delimited JSON: one object per line."""
 
     _FORMAT = "JSONL"
-    _FILE_EXTENSIONS = ["jsonl", "json", "ndjson", "jsonl.gz", "json.gz"]
 
     def _read_stream(self, f: pa.NativeFile, path: str) -> Iterator[pa.Table]:
         import pyarrow.json as pajson
@@ -270,22 +268,20 @@ def _locate_bad_json_line(data: bytes, uri: str, err: Exception) -> BadRecordErr
 
 
 class CsvDatasource(_SlicefeedFileDatasource):
-    """CSV with a header row."""
+    """CSV with a header row; the delimiter is given, or follows the file name (``.tsv``)."""
 
     _FORMAT = "CSV"
-    _FILE_EXTENSIONS = ["csv", "csv.gz", "tsv"]
 
-    def __init__(self, *args: Any, delimiter: str = ",", **kwargs: Any):
+    def __init__(self, *args: Any, delimiter: str | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self._delimiter = delimiter
 
     def _read_stream(self, f: pa.NativeFile, path: str) -> Iterator[pa.Table]:
         import pyarrow.csv as pacsv
 
+        delimiter = FORMATS["csv"].options_for(path, {"delimiter": self._delimiter})["delimiter"]
         try:
-            table = pacsv.read_csv(
-                f, parse_options=pacsv.ParseOptions(delimiter=self._delimiter)
-            )
+            table = pacsv.read_csv(f, parse_options=pacsv.ParseOptions(delimiter=delimiter))
         except pa.ArrowInvalid as e:
             if self._mark_errors:
                 yield self._bad_rows(path, [None], [f"cannot be parsed as CSV ({e})"])
@@ -298,7 +294,6 @@ class TextDatasource(_SlicefeedFileDatasource):
     """Plain UTF-8 text, one row per line, in a ``text`` column."""
 
     _FORMAT = "Text"
-    _FILE_EXTENSIONS = None  # any file
 
     def __init__(self, *args: Any, drop_empty_lines: bool = False, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -356,14 +351,6 @@ class TextDatasource(_SlicefeedFileDatasource):
         yield self._bad_rows(path, bad_rows, reasons, raw)
 
 
-_FORMATS: dict[str, type[_SlicefeedFileDatasource]] = {
-    "parquet": ParquetFilesDatasource,
-    "jsonl": JsonlDatasource,
-    "csv": CsvDatasource,
-    "text": TextDatasource,
-}
-
-
 def _read(
     fmt: str,
     uri: str | os.PathLike[str],
@@ -379,7 +366,7 @@ def _read(
 ) -> ray.data.Dataset:
     source = resolve_filesystem(uri, **fs_kwargs)
     paths = expand_paths(source, suffixes=suffixes)
-    ds_cls = _FORMATS[fmt]
+    ds_cls: type[_SlicefeedFileDatasource] = globals()[get_format(fmt).datasource]
     datasource = ds_cls(
         paths,
         source=source,
@@ -393,14 +380,6 @@ def _read(
 
 
 _FS_KEYS = ("credentials", "anonymous", "project", "storage_options")
-
-# Files a directory listing keeps, per format (a glob or a single file is taken as written).
-_SUFFIXES: dict[str, tuple[str, ...]] = {
-    "parquet": (".parquet", ".pq"),
-    "jsonl": (".jsonl", ".json", ".ndjson", ".jsonl.gz", ".json.gz"),
-    "csv": (".csv", ".csv.gz", ".tsv"),
-    "text": (),
-}
 
 
 def _split_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -448,7 +427,7 @@ def read_parquet(
     fs_kwargs, ray_kwargs = _split_kwargs(dict(kwargs))
     return _read(
         "parquet", uri, columns=columns, shuffle_seed=shuffle_seed, provenance=provenance,
-        suffixes=_SUFFIXES["parquet"], mark_errors=mark_errors, fs_kwargs=fs_kwargs, ray_kwargs=ray_kwargs,
+        suffixes=FORMATS["parquet"].listing_suffixes, mark_errors=mark_errors, fs_kwargs=fs_kwargs, ray_kwargs=ray_kwargs,
     )
 
 
@@ -469,7 +448,7 @@ def read_jsonl(
     fs_kwargs, ray_kwargs = _split_kwargs(dict(kwargs))
     return _read(
         "jsonl", uri, columns=columns, shuffle_seed=shuffle_seed, provenance=provenance,
-        suffixes=_SUFFIXES["jsonl"],
+        suffixes=FORMATS["jsonl"].listing_suffixes,
         mark_errors=mark_errors, fs_kwargs=fs_kwargs, ray_kwargs=ray_kwargs,
     )
 
@@ -480,18 +459,19 @@ def read_csv(
     columns: Sequence[str] | None = None,
     shuffle_seed: int | None = None,
     provenance: bool = False,
-    delimiter: str = ",",
+    delimiter: str | None = None,
     mark_errors: bool = False,
     **kwargs: Any,
 ) -> ray.data.Dataset:
     """Lazily reads CSV files with a header row (types inferred by pyarrow).
 
-    Same arguments as :func:`read_parquet`, plus ``delimiter``.
+    Same arguments as :func:`read_parquet`, plus ``delimiter`` (default: tab for
+    ``.tsv`` files, else comma).
     """
     fs_kwargs, ray_kwargs = _split_kwargs(dict(kwargs))
     return _read(
         "csv", uri, columns=columns, shuffle_seed=shuffle_seed, provenance=provenance,
-        suffixes=_SUFFIXES["csv"], mark_errors=mark_errors, fs_kwargs=fs_kwargs, ray_kwargs=ray_kwargs,
+        suffixes=FORMATS["csv"].listing_suffixes, mark_errors=mark_errors, fs_kwargs=fs_kwargs, ray_kwargs=ray_kwargs,
         datasource_kwargs={"delimiter": delimiter},
     )
 
@@ -514,7 +494,7 @@ def read_text(
     fs_kwargs, ray_kwargs = _split_kwargs(dict(kwargs))
     return _read(
         "text", uri, columns=None, shuffle_seed=shuffle_seed, provenance=provenance,
-        suffixes=_SUFFIXES["text"], mark_errors=mark_errors, fs_kwargs=fs_kwargs, ray_kwargs=ray_kwargs,
+        suffixes=FORMATS["text"].listing_suffixes, mark_errors=mark_errors, fs_kwargs=fs_kwargs, ray_kwargs=ray_kwargs,
         datasource_kwargs={"drop_empty_lines": drop_empty_lines},
     )
 
@@ -529,6 +509,7 @@ def peek_schema(
     columns: Sequence[str] | None = None,
     provenance: bool = False,
     mark_errors: bool = False,
+    options: Mapping[str, Any] | None = None,
     **fs_kwargs: Any,
 ) -> pa.Schema:
     """The schema a reader will produce, from the first file only, without Ray.
@@ -537,22 +518,28 @@ def peek_schema(
     column that first appears later is not seen); text is always ``text: string``.
     Used to check a pipeline's transforms before any Ray work starts.
 
+    Args:
+        options: The reader options (``{"delimiter": ";"}``), as the reader
+            gets them; a ``.tsv`` file is tab-separated unless they say otherwise.
+
     With ``mark_errors`` (the pipeline's ``on_error: skip|quarantine``) bad
     records do not stop the check: JSONL lines that are not JSON objects are
     left out, and an unreadable file is passed over for the next one.
 
     Raises:
         FileNotFoundError: nothing at ``uri``.
+        SpecError: ``fmt`` is not a registry format.
         CorruptFileError / BadRecordError: the first file cannot be parsed (named);
             with ``mark_errors``, no file can.
     """
+    file_format = get_format(fmt)
     source = resolve_filesystem(uri, **fs_kwargs)
-    files = expand_paths(source, suffixes=_SUFFIXES[fmt])
+    files = expand_paths(source, suffixes=file_format.listing_suffixes)
     error: Exception | None = None
     # Under mark_errors a bad file is skipped at run time, so look further.
     for first in files[: 20 if mark_errors else 1]:
         try:
-            schema = _peek_one(fmt, source, first, mark_errors=mark_errors)
+            schema = _peek_one(file_format, source, first, options=options, mark_errors=mark_errors)
             break
         except (CorruptFileError, BadRecordError) as e:
             error = e
@@ -563,7 +550,7 @@ def peek_schema(
     if columns is not None:
         missing = [c for c in columns if c not in schema.names]
         if missing:
-            raise SpecError(
+            raise MissingColumnError(
                 f"{shown}: column(s) {missing} not found; available: {', '.join(schema.names)}. "
                 "Fix `columns` in the source options."
             )
@@ -582,45 +569,42 @@ def _is_json_object(line: bytes) -> bool:
         return False
 
 
-def _peek_one(fmt: str, source: ResolvedPath, first: str, *, mark_errors: bool) -> pa.Schema:
+def _peek_one(
+    fmt: FileFormat,
+    source: ResolvedPath,
+    first: str,
+    *,
+    options: Mapping[str, Any] | None,
+    mark_errors: bool,
+) -> pa.Schema:
     """The schema of one file (see :func:`peek_schema`)."""
     shown = source.to_uri(first)
-    if fmt == "text":
-        schema = pa.schema([("text", pa.string())])
-    elif fmt == "parquet":
+    if fmt.parse is None:  # Parquet: the footer has the schema
         import pyarrow.parquet as pq
 
         try:
             with source.fs.open(first, "rb") as f:
-                schema = pq.ParquetFile(f).schema_arrow
+                return pq.ParquetFile(f).schema_arrow
         except (pa.ArrowInvalid, OSError) as e:
             raise CorruptFileError(
                 f"{shown} is not a readable Parquet file ({e}). Replace or remove the file and rerun."
             ) from None
-    else:
-        with source.fs.open(first, "rb", compression="infer") as f:
-            head = f.read(_PEEK_BYTES)
-        if len(head) == _PEEK_BYTES and b"\n" in head:
-            head = head[: head.rindex(b"\n") + 1]
-        try:
-            if fmt == "jsonl":
-                import pyarrow.json as pajson
-
-                try:
-                    schema = pajson.read_json(io.BytesIO(head)).schema
-                except pa.ArrowInvalid:
-                    if not mark_errors:
-                        raise
-                    good = [ln for ln in head.split(b"\n") if _is_json_object(ln)]
-                    if not good:
-                        raise
-                    schema = pajson.read_json(io.BytesIO(b"\n".join(good))).schema
-            else:
-                import pyarrow.csv as pacsv
-
-                schema = pacsv.read_csv(io.BytesIO(head)).schema
-        except pa.ArrowInvalid as e:
-            if fmt == "jsonl":
-                raise _locate_bad_json_line(head, shown, e) from None
-            raise BadRecordError(f"{shown}: cannot be parsed as CSV ({e}). {_FIX_HINT}") from None
-    return schema
+    if fmt.name == "text":
+        return pa.schema([("text", pa.string())])
+    with source.fs.open(first, "rb", compression="infer") as f:
+        head = f.read(_PEEK_BYTES)
+    if len(head) == _PEEK_BYTES and b"\n" in head:
+        head = head[: head.rindex(b"\n") + 1]
+    opts = fmt.options_for(first, options)
+    try:
+        return fmt.parse(head, opts).schema
+    except pa.ArrowInvalid as e:
+        if fmt.name == "jsonl":
+            if mark_errors:
+                good = [ln for ln in head.split(b"\n") if _is_json_object(ln)]
+                if good:
+                    return fmt.parse(b"\n".join(good), opts).schema
+            raise _locate_bad_json_line(head, shown, e) from None
+        raise BadRecordError(
+            f"{shown}: cannot be parsed as {fmt.name.upper()} ({e}). {_FIX_HINT}"
+        ) from None

@@ -47,6 +47,9 @@ import aiohttp
 import gcsfs
 from gcsfs.retry import HttpError, is_retriable, retry_request
 
+from slicefeed.connectors._compat import gcsfs_undecorated_request
+from slicefeed.connectors._errors import SpecError
+
 __all__ = [
     "DEFAULT_RETRIES",
     "RetryingGCSFileSystem",
@@ -65,14 +68,17 @@ DEFAULT_READ_TIMEOUT_S = 120.0
 #: by Ray Data's ``retried_io_errors`` (see :func:`configure_ray_data_retries`).
 TRANSIENT_MARKER = "slicefeed: transient GCS error"
 
-# The undecorated request method: we re-apply gcsfs's own retry decorator.
-_BASE_REQUEST = gcsfs.GCSFileSystem._request.__wrapped__
+# The undecorated request method: we re-apply gcsfs's own retry decorator
+# (None if gcsfs dropped the hook: its default retries then apply).
+_BASE_REQUEST = gcsfs_undecorated_request()
 
 _BUCKET_RE = re.compile(r"(?:^|/)b/([^/?]+)(?:/o(?:/([^?]*))?)?")
 
 
 @functools.lru_cache(maxsize=None)
 def _retrying_request(retries: int):
+    if _BASE_REQUEST is None:
+        return gcsfs.GCSFileSystem._request
     return retry_request(retries=retries)(_BASE_REQUEST)
 
 
@@ -108,7 +114,7 @@ class RetryingGCSFileSystem(gcsfs.GCSFileSystem):
 
     def __init__(self, *args: Any, retries: int = DEFAULT_RETRIES, **kwargs: Any):
         if int(retries) < 1:
-            raise ValueError(f"retries must be >= 1 (attempts per request), got {retries}")
+            raise SpecError(f"retries must be >= 1 (attempts per request), got {retries}")
         if kwargs.get("requests_timeout") is None:
             kwargs["requests_timeout"] = aiohttp.ClientTimeout(
                 total=None,
@@ -124,7 +130,7 @@ class RetryingGCSFileSystem(gcsfs.GCSFileSystem):
             # Neither the key's path nor its contents go into the message, and
             # the chain (which google-auth/gcsfs fill with parsing details) is
             # dropped.
-            raise ValueError(
+            raise SpecError(
                 "credentials: the service-account key could not be loaded "
                 f"({type(e).__name__}). Pass a JSON key file of type 'service_account' "
                 "(IAM > Service accounts > Keys), or leave credentials unset to use "

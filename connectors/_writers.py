@@ -24,7 +24,7 @@ from ray.data.block import Block, BlockAccessor
 from ray.data.datasource import Datasink
 from ray.data.datasource.datasink import WriteResult
 
-from slicefeed.connectors._errors import AlreadyCommittedError
+from slicefeed.connectors._errors import AlreadyCommittedError, MissingColumnError
 from slicefeed.connectors._fs import ResolvedPath, resolve_filesystem
 from slicefeed.connectors._manifest import (
     MANIFEST_NAME,
@@ -283,7 +283,7 @@ def read_dataset(
     if columns is not None:
         missing = [c for c in columns if c not in manifest.schema.names]
         if missing:
-            raise KeyError(
+            raise MissingColumnError(
                 f"{target.uri}: column(s) {missing} not in the dataset; available: "
                 f"{', '.join(manifest.schema.names)}."
             )

@@ -29,7 +29,7 @@ from typing import Any, Mapping
 import numpy as np
 import pyarrow as pa
 
-from slicefeed.connectors import SpecError
+from slicefeed.connectors import MissingColumnError, SpecError
 
 MASK_KEY = "mask"
 
@@ -117,7 +117,7 @@ def plan_columns(
     ):
         for c in requested:
             if c not in names:
-                raise SpecError(
+                raise MissingColumnError(
                     f"JaxLoader: column {c!r} given in {arg}= not found in the dataset; "
                     f"available: {available}."
                 )

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from slicefeed.connectors import SpecError
+from slicefeed.connectors._compat import dataset_meta_count, jax_kv_client, jax_sharding_1d
 from slicefeed.pipelines._columns import (
     MASK_KEY,
     ColumnSpec,
@@ -189,7 +190,7 @@ class _DatasetSource(_Source):
         ds._context = ds.context.copy()  # copy() shares the context object
         ds.context.execution_options.preserve_order = True
         self.ds = ds
-        self.local_rows_known = ds._meta_count()
+        self.local_rows_known = dataset_meta_count(ds)
 
     def schema(self):
         return _to_pa_schema(self.ds.schema())
@@ -823,9 +824,7 @@ class JaxLoader:
         """All hosts' ``value`` for ``tag`` via jax.distributed's key-value store."""
         if self.process_count == 1:
             return [value]
-        from jax._src import distributed
-
-        client = distributed.global_state.client
+        client = jax_kv_client()
         if client is None:
             raise RuntimeError(
                 "JaxLoader: jax.process_count() > 1 but jax.distributed has no client; "
@@ -1034,9 +1033,7 @@ class JaxLoader:
 
     def _kv_forget(self, tag: str) -> None:
         try:
-            from jax._src import distributed
-
-            distributed.global_state.client.key_value_delete(
+            jax_kv_client().key_value_delete(
                 f"{_KV_PREFIX}/{self._uid}/{tag}/{self.process_index}"
             )
         except Exception:  # best effort: keys are tiny
@@ -1045,17 +1042,7 @@ class JaxLoader:
 
 def _ray_default_sharding():
     """The sharding Ray Data's iter_jax_batches uses (so our filler batches match it)."""
-    try:
-        from ray.data.util.jax_util import _GLOBAL_MESH_1D_AXIS, _create_sharding_1d
-
-        return _create_sharding_1d(_GLOBAL_MESH_1D_AXIS)
-    except ImportError:  # pragma: no cover - Ray moved it
-        import jax
-        from jax.experimental import mesh_utils
-        from jax.sharding import Mesh, NamedSharding, PartitionSpec
-
-        mesh = Mesh(mesh_utils.create_device_mesh((jax.device_count(),)), ("data",))
-        return NamedSharding(mesh, PartitionSpec("data"))
+    return jax_sharding_1d()
 
 
 def _make_source(source: Any, fs_kwargs: dict) -> _Source:

@@ -29,9 +29,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from slicefeed.connectors._errors import SpecError
-from slicefeed.transforms import PROVENANCE_FILE, PROVENANCE_ROW
-from slicefeed.transforms._base import _GOLD, _mix64, _str_hash64
+from slicefeed.connectors import PROVENANCE_FILE, PROVENANCE_ROW, MissingColumnError, SpecError
+from slicefeed.transforms._hashing import GOLDEN, mix64
+from slicefeed.transforms._hashing import str_hash64 as _str_hash64
 
 if TYPE_CHECKING:  # pragma: no cover
     import ray.data
@@ -134,7 +134,7 @@ def interleave(
             raise SpecError(f"interleave: source {name!r} is empty; a mixture needs rows from every source")
         missing = [c for c in (PROVENANCE_FILE, PROVENANCE_ROW) if c not in s.names]
         if missing:
-            raise SpecError(
+            raise MissingColumnError(
                 f"interleave: source {name!r} lacks the provenance columns {missing}; read it "
                 "with provenance=True"
             )
@@ -187,7 +187,7 @@ class _Keyer:
         # Per-row jitter in [0, 1) from (seed, source, rank): keeps each source's
         # order and the +-1 prefix guarantee, and lets the seed shape the order.
         with np.errstate(over="ignore"):
-            h = _mix64(np.uint64(self.salt) ^ (rank.astype(np.uint64) * _GOLD))
+            h = mix64(np.uint64(self.salt) ^ (rank.astype(np.uint64) * GOLDEN))
         jitter = (h >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
         key = (rank.astype(np.float64) + jitter) / self.p
         named = pc.binary_join_element_wise(self.name, batch.column(PROVENANCE_FILE), "/")

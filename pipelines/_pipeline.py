@@ -18,32 +18,32 @@ import json
 import os
 import platform
 import time
-import uuid
 from importlib import metadata as _md
 from typing import Any, Mapping, Sequence
 
 import pyarrow as pa
 import ray
 
+import slicefeed.connectors as connectors
 from slicefeed.connectors import (
+    ERROR_COLUMN,
     PROVENANCE_FILE,
     PROVENANCE_ROW,
+    RAW_COLUMN,
     REPORT_NAME,
     AlreadyCommittedError,
     BadRecordError,
     Manifest,
+    MissingColumnError,
     SpecError,
     is_committed,
     peek_schema,
-    read_csv,
     read_dataset,
-    read_jsonl,
     read_manifest,
-    read_parquet,
-    read_text,
     resolve_filesystem,
     write_parquet,
 )
+from slicefeed.connectors._formats import get_format
 from slicefeed.pipelines import _rerun
 from slicefeed.pipelines._spec import (
     STORAGE_OPTIONS,
@@ -53,7 +53,6 @@ from slicefeed.pipelines._spec import (
     validate_spec,
 )
 
-_READERS = {"parquet": read_parquet, "jsonl": read_jsonl, "csv": read_csv, "text": read_text}
 QUARANTINE_DIR = "_quarantine"
 
 
@@ -151,7 +150,6 @@ class _Stage:
             self._quarantine(bad, what if isinstance(what, str) else what.name)
 
     def __call__(self, table: pa.Table) -> pa.Table:
-        from slicefeed.connectors._readers import RAW_COLUMN
         from slicefeed.transforms import split_errors
 
         key = _batch_key(self.stage_id, table) if self.counters is not None else None
@@ -176,12 +174,12 @@ class _Stage:
             for k, v in (("in", n_in), ("out", table.num_rows), ("bad", bad.num_rows),
                          ("time_s", time.perf_counter() - t0)):
                 delta[f"{tkey}:{k}"] = delta.get(f"{tkey}:{k}", 0) + v
-            if getattr(t, "reshapes_rows", False):
+            if t.reshapes_rows:
                 for k, v in _padding_counts(table).items():
                     delta[f"{tkey}:{k}"] = delta.get(f"{tkey}:{k}", 0) + v
             if bad.num_rows:
                 self._handle_bad(bad, t, delta)
-            if getattr(t, "reshapes_rows", False):
+            if t.reshapes_rows:
                 # Packing merges and splits rows: what goes in is not "filtered".
                 for k, v in (("in", n_in - bad.num_rows), ("out", table.num_rows)):
                     delta[f"reshaped:{t.name}:{k}"] = delta.get(f"reshaped:{t.name}:{k}", 0) + v
@@ -197,10 +195,6 @@ class _Stage:
         import hashlib
 
         import pyarrow.parquet as pq
-
-        from slicefeed.transforms import ERROR_COLUMN
-
-        from slicefeed.connectors._readers import RAW_COLUMN
 
         # Provenance and reason; for a record the reader could not decode,
         # also its raw bytes.
@@ -327,7 +321,21 @@ class Pipeline:
         seed = int(self.spec["seed"])
         #: Rows taken from each source of a mixture (``sources:``), once built.
         self.mixture_counts: dict[str, int] = {}
-        self.transforms = [transform_from_spec(item).with_seed(seed) for item in self.spec["transforms"]]
+        self.transforms = [
+            self._bind_storage(transform_from_spec(item).with_seed(seed))
+            for item in self.spec["transforms"]
+        ]
+
+    def _bind_storage(self, t: Any) -> Any:
+        """Transforms that read files themselves (``decode_image`` paths) read them
+        on a source's filesystem with that source's storage options."""
+        bind = getattr(t, "with_source_storage", None)
+        if bind is None:
+            return t
+        try:
+            return bind([(s["uri"], self._storage(s)) for s in self._sources()])
+        except SpecError as e:
+            raise SpecError(f"{self.source_name}: {e}") from None
 
     @property
     def name(self) -> str:
@@ -358,7 +366,8 @@ class Pipeline:
         opts = dict(src.get("options") or {})
         if src["format"] == "dataset":
             return read_dataset(src["uri"], provenance=True, **opts, **self._storage(src))
-        return _READERS[src["format"]](
+        reader = getattr(connectors, get_format(src["format"]).reader)
+        return reader(
             src["uri"], provenance=True, mark_errors=self.spec["on_error"] != "fail",
             **opts, **self._storage(src),
         )
@@ -370,12 +379,18 @@ class Pipeline:
         if src["format"] == "dataset":
             schema = read_manifest(src["uri"], **self._storage(src)).schema
             cols = opts.get("columns")
+            missing = [c for c in cols or () if c not in schema.names]
+            if missing:
+                raise MissingColumnError(
+                    f"{src['uri']}: column(s) {missing} not in the dataset; available: "
+                    f"{', '.join(schema.names)}. Fix `columns` in the source options."
+                )
             schema = pa.schema([schema.field(c) for c in cols]) if cols else schema
             return schema.append(pa.field(PROVENANCE_FILE, pa.string())).append(
                 pa.field(PROVENANCE_ROW, pa.int64()))
         return peek_schema(src["format"], src["uri"], columns=opts.get("columns"),
                            provenance=True, mark_errors=self.spec["on_error"] != "fail",
-                           **self._storage(src))
+                           options=opts, **self._storage(src))
 
     def _source_sizes(self) -> list[dict[str, Any]]:
         """uri, format, file count and input bytes of each source (for the report)."""
@@ -450,7 +465,7 @@ class Pipeline:
             return ds
 
         for i, t in enumerate(transforms):
-            if getattr(t, "is_dataset_op", False):
+            if t.is_dataset_op:
                 ds = flush(ds)
                 ds = t.dataset_op(ds)
             else:
@@ -463,7 +478,7 @@ class Pipeline:
         """Transforms with the ones that need statistics fitted over the data before them."""
         fitted: list[Any] = []
         for t in self.transforms:
-            if getattr(t, "needs_fit", False) and not t.is_fitted:
+            if t.needs_fit and not t.is_fitted:
                 upstream = self._build(fitted)
                 t = t.fit(upstream)
             fitted.append(t)

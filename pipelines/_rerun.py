@@ -182,7 +182,11 @@ def list_inputs(sources: Sequence[tuple[str, str, Mapping[str, Any]]]) -> tuple[
             m = read_manifest(r)
             out.append(InputFile(r.uri, m.num_bytes, m.fingerprint or m.created_at))
             continue
-        for p in expand_paths(r):
+        from slicefeed.connectors._formats import get_format
+
+        # The files the reader of this format reads (a directory listing
+        # keeps only the format's suffixes).
+        for p in expand_paths(r, suffixes=get_format(fmt).listing_suffixes):
             info = r.fs.info(p)
             gen = info.get("generation")
             if gen is None and r.protocol == "file":

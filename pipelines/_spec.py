@@ -6,7 +6,7 @@ A spec::
     seed: 0                         # randomness of seeded transforms
     source:                         # required (or `sources:`, a weighted mixture:
                                     #   [{name, format, uri, weight}, ...])
-      format: jsonl                 # parquet | jsonl | csv | text | dataset
+      format: jsonl                 # a registry format (parquet | jsonl | csv | text) or dataset
       uri: gs://bucket/raw/*.jsonl
       options: {columns: [text]}    # reader options
     transforms:                     # optional, applied in order
@@ -41,18 +41,16 @@ from typing import Any, Mapping, Sequence
 import jsonschema
 import yaml
 
-from slicefeed.connectors import SpecError
+from slicefeed.connectors import ON_ERROR_POLICIES, SpecError
+from slicefeed.connectors._formats import FORMATS
 
-SOURCE_FORMATS = ("parquet", "jsonl", "csv", "text", "dataset")
+#: The file formats of the registry, plus ``dataset`` (a committed slicefeed dataset).
+SOURCE_FORMATS = (*FORMATS, "dataset")
 SINK_FORMATS = ("parquet",)
-ON_ERROR = ("fail", "skip", "quarantine")
 
 # Reader options each source format accepts (keyword arguments of the readers).
 SOURCE_OPTIONS = {
-    "parquet": ("columns", "shuffle_seed"),
-    "jsonl": ("columns", "shuffle_seed"),
-    "csv": ("columns", "shuffle_seed", "delimiter"),
-    "text": ("shuffle_seed", "drop_empty_lines"),
+    **{name: f.spec_options for name, f in FORMATS.items()},
     "dataset": ("columns",),
 }
 SINK_OPTIONS = ("compression", "min_rows_per_file", "row_group_size")
@@ -103,7 +101,7 @@ SCHEMA: dict[str, Any] = {
                 "storage": {"type": "object", "additionalProperties": False, "properties": _STORAGE},
             },
         },
-        "on_error": {"enum": list(ON_ERROR)},
+        "on_error": {"enum": list(ON_ERROR_POLICIES)},
         "max_error_fraction": {"type": "number", "minimum": 0, "maximum": 1},
         "placement": {
             "type": "object",

@@ -42,9 +42,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-sys.path.insert(0, os.path.dirname(__file__))
-
-from _harness import free_port  # noqa: E402
+from tests._harness import free_port
 
 # ``ray`` console script equivalent that works from any venv.
 _RAY_CLI = [sys.executable, "-c", "import sys; from ray.scripts.scripts import main; sys.exit(main())"]

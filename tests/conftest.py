@@ -11,12 +11,9 @@
 from __future__ import annotations
 
 import os
-import sys
 import uuid
 
-sys.path.insert(0, os.path.dirname(__file__))
-
-from _harness import GCSEmulator, configure_process_env  # noqa: E402
+from tests._harness import GCSEmulator, configure_process_env
 
 configure_process_env()
 

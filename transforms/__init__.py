@@ -3,7 +3,7 @@
 Every transform is a frozen, picklable dataclass usable by name from a YAML
 spec (``{pack_sequences: {seq_len: 2048}}``) or as a Python object, applied by
 Ray Data as ``ds.map_batches(t, batch_format="pyarrow")``. See
-:mod:`slicefeed.transforms._base` for the contract (schema checks, fitting,
+:mod:`slicefeed.transforms._contract` for the contract (schema checks, fitting,
 seeds, bad records).
 
 Public API::
@@ -11,7 +11,7 @@ Public API::
     from slicefeed.transforms import (
         Transform, TRANSFORMS, get_transform, transform_from_spec, check_transforms,
         apply_transforms, split_errors, mark_errors, bad_record_error,
-        PROVENANCE_FILE, PROVENANCE_ROW, ERROR_COLUMN,
+        PROVENANCE_FILE, PROVENANCE_ROW, ERROR_COLUMN,  # defined in slicefeed.connectors
         Select, Rename, Cast, Filter, FillNull, Standardize, MinMaxScale,
         HashBucket, Vocabulary, Deduplicate,
         Tokenize, PadOrTruncate, PackSequences,
@@ -19,25 +19,23 @@ Public API::
     )
 """
 
-from slicefeed.transforms._base import (
+from slicefeed.connectors import (
     ERROR_COLUMN,
     ON_ERROR_POLICIES,
     PROVENANCE_FILE,
     PROVENANCE_ROW,
     RESERVED_COLUMNS,
-    TRANSFORMS,
-    Transform,
+)
+from slicefeed.transforms._badrecords import (
     apply_transforms,
     bad_record_error,
-    check_transforms,
-    describe_rows,
-    get_transform,
     mark_errors,
-    row_keys,
-    row_uniform,
     split_errors,
-    transform_from_spec,
 )
+from slicefeed.transforms._categorical import HashBucket, Vocabulary
+from slicefeed.transforms._columnops import Cast, FillNull, Filter, Rename, Select
+from slicefeed.transforms._contract import Transform
+from slicefeed.transforms._dedup import Deduplicate
 from slicefeed.transforms._dtypes import as_bfloat16, is_bfloat16_field
 from slicefeed.transforms._expr import compile_expression
 from slicefeed.transforms._image import (
@@ -50,19 +48,13 @@ from slicefeed.transforms._image import (
     read_images,
 )
 from slicefeed.transforms._packing import PackSequences, packing_efficiency
-from slicefeed.transforms._tabular import (
-    Cast,
-    Deduplicate,
-    FillNull,
-    Filter,
-    HashBucket,
-    MinMaxScale,
-    Rename,
-    Select,
-    Standardize,
-    Vocabulary,
-    hash64,
+from slicefeed.transforms._registry import (
+    TRANSFORMS,
+    check_transforms,
+    get_transform,
+    transform_from_spec,
 )
+from slicefeed.transforms._scaling import MinMaxScale, Standardize
 from slicefeed.transforms._text import BYTE_VOCAB_SIZE, PadOrTruncate, Tokenize, load_hf_tokenizer
 
 __all__ = [
@@ -98,16 +90,12 @@ __all__ = [
     "bad_record_error",
     "check_transforms",
     "compile_expression",
-    "describe_rows",
     "get_transform",
-    "hash64",
     "is_bfloat16_field",
     "load_hf_tokenizer",
     "mark_errors",
     "packing_efficiency",
     "read_images",
-    "row_keys",
-    "row_uniform",
     "split_errors",
     "transform_from_spec",
 ]

@@ -107,3 +107,42 @@ def segment_arange(lengths: np.ndarray) -> np.ndarray:
         return np.zeros(0, np.int64)
     starts = np.cumsum(lengths) - lengths
     return np.arange(total, dtype=np.int64) - np.repeat(starts, lengths)
+
+
+def failing_rows(arr: pa.Array, fn) -> np.ndarray:
+    """Rows of ``arr`` on which ``fn`` raises, by bisection (error path only).
+
+    ``fn`` is applied to halves recursively, so k bad rows out of n cost
+    O(k log n) calls instead of n.
+    """
+    bad = np.zeros(len(arr), dtype=bool)
+    stack = [(0, len(arr))]
+    while stack:
+        lo, hi = stack.pop()
+        if hi <= lo:
+            continue
+        try:
+            fn(arr.slice(lo, hi - lo))
+            continue
+        except (pa.ArrowInvalid, ValueError, OverflowError):
+            pass
+        if hi - lo == 1:
+            bad[lo] = True
+        else:
+            mid = (lo + hi) // 2
+            stack += [(lo, mid), (mid, hi)]
+    return bad
+
+
+def list_like(t: pa.DataType) -> bool:
+    """Whether ``t`` is a list, large list or fixed-size list type."""
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+
+def with_value_type(t: pa.DataType, value_type: pa.DataType) -> pa.DataType:
+    """The list type ``t`` (same list kind) with ``value_type`` elements."""
+    if pa.types.is_fixed_size_list(t):
+        return pa.list_(value_type, t.list_size)
+    if pa.types.is_large_list(t):
+        return pa.large_list(value_type)
+    return pa.list_(value_type)

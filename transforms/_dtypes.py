@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from slicefeed.connectors._errors import SpecError
+from slicefeed.connectors import SpecError
 
 DTYPE_METADATA_KEY = b"slicefeed.dtype"
 BFLOAT16 = "bfloat16"

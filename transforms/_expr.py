@@ -19,7 +19,7 @@ from typing import Any
 
 import pyarrow.compute as pc
 
-from slicefeed.connectors._errors import SpecError
+from slicefeed.connectors import SpecError
 
 ALLOWED = (
     "column names, col('name with spaces'), literals (numbers, strings, True, False), "

@@ -8,13 +8,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
+from slicefeed.connectors import ERROR_COLUMN, PROVENANCE_FILE, PROVENANCE_ROW
 from slicefeed.transforms._arrays import list_parts, make_fixed, segment_arange
-from slicefeed.transforms._base import (
-    ERROR_COLUMN,
-    PROVENANCE_FILE,
-    PROVENANCE_ROW,
-    Transform,
-)
+from slicefeed.transforms._contract import Transform
 
 if TYPE_CHECKING:  # pragma: no cover
     import ray.data

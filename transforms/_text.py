@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import threading
 from typing import Any, ClassVar
 
@@ -10,8 +11,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from slicefeed.transforms._arrays import list_parts, make_fixed, make_list, segment_arange
-from slicefeed.transforms._base import Transform, mark_errors
+from slicefeed.connectors import SpecError
+from slicefeed.transforms._arrays import failing_rows, list_parts, make_fixed, make_list, segment_arange
+from slicefeed.transforms._badrecords import mark_errors
+from slicefeed.transforms._contract import Transform
 
 #: Built-in byte-level tokenizer: 0 = padding, 1 = BOS, 2 = EOS, byte b -> b + 3.
 BYTE_PAD_ID, BYTE_BOS_ID, BYTE_EOS_ID, BYTE_OFFSET = 0, 1, 2, 3
@@ -56,7 +59,7 @@ def load_hf_tokenizer(uri: str):
     try:
         tok = Tokenizer.from_str(data.decode("utf-8"))
     except Exception as e:
-        raise ValueError(f"Tokenize: {uri} is not a valid tokenizer.json ({e})") from e
+        raise SpecError(f"Tokenize: {uri} is not a valid tokenizer.json ({e})") from e
     with _CACHE_LOCK:
         _CACHE[uri] = tok
     return tok
@@ -214,9 +217,7 @@ class Tokenize(Transform):
             try:
                 arr = arr.cast(target)
             except pa.ArrowInvalid:
-                from slicefeed.transforms._tabular import _failing_rows
-
-                not_utf8 = _failing_rows(arr, lambda a: a.cast(target))
+                not_utf8 = failing_rows(arr, lambda a: a.cast(target))
                 reasons[not_utf8] = f"Tokenize: column {self.column!r} is not valid UTF-8"
                 bad |= not_utf8
                 arr = pc.if_else(pa.array(not_utf8), pa.nulls(n, arr.type), arr).cast(target)
@@ -234,16 +235,17 @@ class Tokenize(Transform):
             tok = load_hf_tokenizer(self.tokenizer)
             texts = arr.to_pylist()
             idx = np.flatnonzero(valid)
-            encs = tok.encode_batch(
-                [texts[i] for i in idx], add_special_tokens=self.add_special_tokens
-            )
+            if len(idx) < len(texts):
+                texts = [texts[i] for i in idx]
+            # The Rust batch encoder is the cost; encode_batch_fast (tokenizers
+            # >= 0.20) gives the same ids without computing character offsets.
+            encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
+            ids = [e.ids for e in encode(texts, add_special_tokens=self.add_special_tokens)]
             lengths = np.zeros(len(arr), np.int64)
-            lengths[idx] = [len(e.ids) for e in encs]
+            lengths[idx] = np.fromiter(map(len, ids), np.int64, len(ids))
             offsets = np.concatenate([[0], np.cumsum(lengths)])
-            values = (
-                np.concatenate([np.asarray(e.ids, np.int32) for e in encs])
-                if encs
-                else np.zeros(0, np.int32)
+            values = np.fromiter(
+                itertools.chain.from_iterable(ids), np.int32, int(offsets[-1])
             )
         tok = None if self.is_bytes else load_hf_tokenizer(self.tokenizer)
         bos, eos = self._special(tok, "bos"), self._special(tok, "eos")

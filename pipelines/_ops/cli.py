@@ -12,9 +12,10 @@ import json
 import os
 import sys
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from slicefeed.connectors import AlreadyCommittedError, SpecError
+from slicefeed.connectors._formats import FORMATS
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
@@ -63,7 +64,7 @@ def _init_ray(address: str | None, *, verbose: bool = False) -> None:
     if address:
         ray.init(address=address, logging_level=level)
     else:
-        # "local" never joins a stale cluster left in /tmp/ray (DESIGN.md).
+        # "local" never joins a stale cluster left in /tmp/ray.
         ray.init(address="local", include_dashboard=False, logging_level=level)
     if not verbose:
         from slicefeed.connectors._compat import disable_ray_data_progress_bars
@@ -116,7 +117,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from slicefeed.pipelines._ops.inspect import inspect_uri
 
-    info = inspect_uri(args.uri, fmt=args.format)
+    info = inspect_uri(args.uri, fmt=args.format, options={"delimiter": args.delimiter})
     if args.json:
         print(json.dumps(info, indent=2, default=str))
         return EXIT_OK
@@ -183,12 +184,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 # -- parser -----------------------------------------------------------------------
 
-# Subcommands that live in their own modules: (module, function adding the parser).
-# Each sets `func` (or `handler`) to a function of the parsed args returning an exit code.
-_EXTENSIONS: list[tuple[str, str]] = [
-    ("slicefeed.pipelines._ops.k8s", "add_parser"),
-    ("slicefeed.pipelines._ops.slices", "add_parser"),
-]
+# The one registration convention: every subcommand's parser sets `handler`, a
+# function of the parsed args returning an exit code. Subcommands that live in
+# their own modules expose `add_parser(subparsers)`; they are listed here.
+_COMMAND_MODULES: tuple[str, ...] = (
+    "slicefeed.pipelines._ops.k8s",
+    "slicefeed.pipelines._ops.slices",
+)
 
 
 def output_flags(p: argparse.ArgumentParser, *, default: Any) -> None:
@@ -237,31 +239,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true",
                    help="replace a sink committed by a different pipeline")
     p.add_argument("--json", action="store_true", help="print the run report as JSON")
-    p.set_defaults(func=_cmd_run)
+    p.set_defaults(handler=_cmd_run)
 
     p = sub.add_parser("validate", help="validate a spec against its source schema (no Ray)")
     common(p, spec=True)
-    p.set_defaults(func=_cmd_validate)
+    p.set_defaults(handler=_cmd_validate)
 
     p = sub.add_parser("inspect", help="schema, rows, files and bytes of raw files or a committed dataset")
     common(p)
     p.add_argument("uri", help="a committed dataset prefix, a file, a folder or a glob")
-    p.add_argument("--format", choices=["auto", "parquet", "jsonl", "csv", "text"], default="auto")
+    p.add_argument("--format", choices=["auto", *FORMATS], default="auto")
+    p.add_argument("--delimiter", default=None,
+                   help="CSV field delimiter (default: tab for .tsv files, else comma)")
     p.add_argument("--json", action="store_true", help="print as JSON")
     p.add_argument("--max-files", type=int, default=20, help="files to list (default 20)")
-    p.set_defaults(func=_cmd_inspect)
+    p.set_defaults(handler=_cmd_inspect)
 
     p = sub.add_parser("demo", help="generate a small corpus locally and run the built-in pipeline")
     common(p, ray_=True)
     p.add_argument("--dir", default="slicefeed-demo", help="folder to write into (default ./slicefeed-demo)")
     p.add_argument("--rows", type=int, default=20000, help="documents to generate (default 20000)")
     p.add_argument("--overwrite", action="store_true", help="recompute even if already committed")
-    p.set_defaults(func=_cmd_demo)
+    p.set_defaults(handler=_cmd_demo)
 
     import importlib
 
-    for module, fn in _EXTENSIONS:
-        getattr(importlib.import_module(module), fn)(sub)
+    for module in _COMMAND_MODULES:
+        importlib.import_module(module).add_parser(sub)
     return parser
 
 
@@ -298,8 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         if args.quiet and args.verbose:
             raise _UsageError("slicefeed: -q and -v exclude each other.")
-        handler = getattr(args, "func", None) or args.handler
-        return int(handler(args) or 0)
+        return int(args.handler(args) or 0)
     except SystemExit as e:  # --help
         return int(e.code or 0)
     except BrokenPipeError:  # `slicefeed inspect ... | head`

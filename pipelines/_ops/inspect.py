@@ -7,25 +7,15 @@ from typing import Any
 import pyarrow as pa
 
 from slicefeed.connectors import expand_paths, is_committed, read_manifest, resolve_filesystem
-
-_BY_SUFFIX = {
-    ".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".json": "jsonl",
-    ".ndjson": "jsonl", ".csv": "csv", ".tsv": "csv", ".txt": "text",
-}
+from slicefeed.connectors._formats import FORMATS, FileFormat, format_of_path, get_format
 
 
-def _format_of(path: str) -> str | None:
-    for suffix, fmt in _BY_SUFFIX.items():
-        if path.endswith(suffix) or path.endswith(suffix + ".gz"):
-            return fmt
-    return None
-
-
-def inspect_uri(uri: str, *, fmt: str = "auto") -> dict[str, Any]:
+def inspect_uri(uri: str, *, fmt: str = "auto", options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Describes a committed dataset (from its manifest) or raw files.
 
     Parquet row counts come from footers; JSONL, CSV and text files are
-    parsed whole to count rows (use on samples, not terabytes).
+    parsed whole, as their reader parses them (``options``; ``.tsv`` files are
+    tab-separated), to count rows (use on samples, not terabytes).
 
     Raises:
         FileNotFoundError: nothing at ``uri``.
@@ -44,19 +34,24 @@ def inspect_uri(uri: str, *, fmt: str = "auto") -> dict[str, Any]:
                        "sha256": f.sha256} for f in m.files],
             "metadata": m.metadata,
         }
-    paths = expand_paths(resolved)
-    fmts = {fmt} if fmt != "auto" else {_format_of(p) for p in paths}
+    if fmt != "auto":
+        get_format(fmt)
+        paths = expand_paths(resolved, suffixes=FORMATS[fmt].listing_suffixes)
+        fmts = {fmt}
+    else:
+        paths = expand_paths(resolved)
+        fmts = {format_of_path(p) for p in paths}
     if None in fmts or len(fmts) != 1:
         raise SpecError(
             f"{resolved.uri}: cannot tell the format from the file names "
-            f"({', '.join(sorted(str(f) for f in fmts))}); pass --format parquet|jsonl|csv|text."
+            f"({', '.join(sorted(str(f) for f in fmts))}); pass --format {'|'.join(FORMATS)}."
         )
     (kind,) = fmts
+    file_format = FORMATS[kind]
     files, schema, total = [], None, 0
     for p in paths:
         size = resolved.fs.size(p)
-        with resolved.fs.open(p, "rb") as f:
-            t_schema, rows = _describe(kind, f)
+        t_schema, rows = _describe(file_format, resolved, p, options)
         schema = schema or t_schema
         total += rows
         files.append({"path": resolved.to_uri(p), "num_bytes": size, "num_rows": rows})
@@ -67,24 +62,14 @@ def inspect_uri(uri: str, *, fmt: str = "auto") -> dict[str, Any]:
     }
 
 
-def _describe(kind: str, f: Any) -> tuple[pa.Schema, int]:
-    import io
-
-    if kind == "parquet":
+def _describe(fmt: FileFormat, resolved: Any, path: str, options: dict[str, Any] | None) -> tuple[pa.Schema, int]:
+    if fmt.parse is None:  # Parquet: schema and rows from the footer
         import pyarrow.parquet as pq
 
-        pf = pq.ParquetFile(f)
-        return pf.schema_arrow, pf.metadata.num_rows
-    data = f.read()
-    if kind == "text":
-        n = data.count(b"\n") + (0 if data.endswith(b"\n") or not data else 1)
-        return pa.schema([("text", pa.string())]), n
-    if kind == "jsonl":
-        import pyarrow.json as pajson
-
-        t = pajson.read_json(io.BytesIO(data))
-    else:
-        import pyarrow.csv as pacsv
-
-        t = pacsv.read_csv(io.BytesIO(data))
+        with resolved.fs.open(path, "rb") as f:
+            pf = pq.ParquetFile(f)
+            return pf.schema_arrow, pf.metadata.num_rows
+    with resolved.fs.open(path, "rb", compression="infer") as f:
+        data = f.read()
+    t = fmt.parse(data, fmt.options_for(path, options))
     return t.schema, t.num_rows

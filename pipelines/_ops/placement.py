@@ -23,9 +23,8 @@ Two ways to apply it:
 
 from __future__ import annotations
 
+import functools
 from typing import Any
-
-from ray._private.accelerators.tpu import VALID_TPU_TYPES
 
 from slicefeed.connectors import SpecError
 
@@ -34,8 +33,21 @@ __all__ = ["PLACEMENT_MODES", "apply_placement", "placement_label_selector", "pr
 #: Ray's node label naming the accelerator (``TPU-V6E``, ``A100``, ...).
 ACCELERATOR_LABEL = "ray.io/accelerator-type"
 
-#: Every TPU accelerator type Ray knows: ``TPU-V2`` ... ``TPU-V7X``.
-TPU_ACCELERATOR_TYPES = tuple(f"TPU-{v.upper()}" for v in VALID_TPU_TYPES)
+
+@functools.lru_cache(maxsize=1)
+def tpu_accelerator_types() -> tuple[str, ...]:
+    """Every TPU accelerator type Ray knows: ``TPU-V2`` ... ``TPU-V7X``."""
+    from ray.util.tpu import VALID_TPU_TYPES
+
+    return tuple(f"TPU-{v.upper()}" for v in VALID_TPU_TYPES)
+
+
+def __getattr__(name: str) -> Any:
+    # TPU_ACCELERATOR_TYPES is computed from Ray on first use (importing this
+    # module does not import Ray).
+    if name == "TPU_ACCELERATOR_TYPES":
+        return tpu_accelerator_types()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # Spec values -> canonical mode. ``any`` is the pipeline spec spelling
 # (``placement: {preprocess_on: cpu_only|any}``).
@@ -68,7 +80,7 @@ def placement_label_selector(mode: str = "cpu_only") -> dict[str, str] | None:
     """
     if _mode(mode) == "any":
         return None
-    return {ACCELERATOR_LABEL: f"!in({','.join(TPU_ACCELERATOR_TYPES)})"}
+    return {ACCELERATOR_LABEL: f"!in({','.join(tpu_accelerator_types())})"}
 
 
 def preprocessing_placement(mode: str = "cpu_only") -> dict[str, Any]:

@@ -32,7 +32,7 @@ from typing import Any
 from slicefeed.connectors import SpecError
 from slicefeed.pipelines._ops.topology import SliceSpec
 
-__all__ = ["SliceInfo", "add_parser", "list_slices", "run_slices", "main"]
+__all__ = ["SliceInfo", "add_parser", "list_slices", "run_slices"]
 
 _SLICE_NAME = "ray.io/tpu-slice-name"
 _WORKER_ID = "ray.io/tpu-worker-id"
@@ -125,7 +125,7 @@ def list_slices(nodes: list[dict], available: dict[str, dict[str, float]]) -> li
     Args:
         nodes: ``ray.nodes()``.
         available: Free resources per node id
-            (``ray._private.state.available_resources_per_node()``).
+            (:func:`slicefeed.connectors._compat.available_resources_per_node`).
 
     Returns:
         One :class:`SliceInfo` per slice, sorted by name.
@@ -207,7 +207,8 @@ def _check_reachable(address: str, timeout: float = 5.0) -> None:
 
 def _query_cluster(address: str | None) -> tuple[list[dict], dict[str, dict[str, float]], str]:
     import ray
-    from ray._private.state import available_resources_per_node
+
+    from slicefeed.connectors._compat import available_resources_per_node
 
     target = address or os.environ.get("RAY_ADDRESS") or "auto"
     _check_reachable(target)
@@ -281,7 +282,7 @@ def add_parser(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentPar
         action="store_true",
         help="exit with status 1 when any slice is incomplete (for pre-flight checks)",
     )
-    parser.set_defaults(func=run_slices)
+    parser.set_defaults(handler=run_slices)
     return parser
 
 
@@ -315,14 +316,3 @@ def run_slices(args: argparse.Namespace) -> int:
         return 1
     return 0
 
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m slicefeed.pipelines._ops.slices``: the command without the full CLI."""
-    parser = argparse.ArgumentParser(prog="slicefeed")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["slices", *(sys.argv[1:] if argv is None else argv)])
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

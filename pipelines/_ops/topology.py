@@ -7,26 +7,22 @@ which ``ray.train.ScalingConfig`` arguments start one worker per host, which
 GKE node selectors a KubeRay worker group needs, and whether a global batch
 size splits evenly over the slice's devices.
 
-Chip and host counts come from Ray's own TPU tables
-(``ray._private.accelerators.tpu``, re-exported by ``ray.util.tpu``), so a
-spec agrees with what ``JaxTrainer`` and ``slice_placement_group`` will
-reserve. This module imports neither jax nor a running Ray cluster.
+Chip and host counts come from Ray's own TPU helpers (``ray.util.tpu``) and
+the valid shapes from Ray's topology table (through
+:mod:`slicefeed.connectors._compat`), so a spec agrees with what
+``JaxTrainer`` and ``slice_placement_group`` will reserve. Ray is imported on
+first use, never jax, and no running Ray cluster is needed.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import operator
+import re
 from typing import Any
 
-from ray._private.accelerators.tpu import (
-    VALID_TPU_TOPOLOGY,
-    get_chips_per_host,
-    get_num_chips_from_topology,
-    infer_tpu_pod_type_from_topology,
-)
-
 from slicefeed.connectors import SpecError
+from slicefeed.connectors._compat import valid_tpu_topologies
 
 __all__ = ["GKE_ACCELERATOR_LABEL", "GKE_TOPOLOGY_LABEL", "SliceSpec"]
 
@@ -98,11 +94,28 @@ def _as_int(value: Any) -> int | None:
         return None
 
 
+def _num_chips(topology: str) -> int:
+    from ray.util.tpu import get_num_chips_from_topology
+
+    return get_num_chips_from_topology(topology)
+
+
 def _sorted_topologies(generation: str) -> list[str]:
-    return sorted(
-        VALID_TPU_TOPOLOGY[generation],
-        key=lambda t: (get_num_chips_from_topology(t), t),
-    )
+    table = valid_tpu_topologies() or {}
+    return sorted(table.get(generation, ()), key=lambda t: (_num_chips(t), t))
+
+
+# Shapes by dimensionality, for when Ray's table is unavailable.
+_SHAPE_2D = re.compile(r"^[1-9][0-9]*x[1-9][0-9]*$")
+_SHAPE_3D = re.compile(r"^[1-9][0-9]*x[1-9][0-9]*x[1-9][0-9]*$")
+
+
+def _is_valid_topology(generation: str, topology: str) -> bool:
+    table = valid_tpu_topologies()
+    if table is not None and generation in table:
+        return topology in table[generation]
+    shape = _SHAPE_3D if generation in ("v4", "v5p", "v7x") else _SHAPE_2D
+    return bool(shape.match(topology))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,7 +152,7 @@ class SliceSpec:
                 f"topology must be a string such as '4x4' or '2x2x2', got {self.topology!r}."
             )
         topology = self.topology.strip().lower().replace(" ", "")
-        if topology not in VALID_TPU_TOPOLOGY[generation]:
+        if not _is_valid_topology(generation, topology):
             raise SpecError(
                 f"topology {self.topology!r} is not a {generation} slice shape; valid "
                 f"{generation} topologies: {', '.join(_sorted_topologies(generation))}."
@@ -152,12 +165,14 @@ class SliceSpec:
     @property
     def num_chips(self) -> int:
         """Chips in the slice (``4x4`` -> 16, ``2x2x2`` -> 8)."""
-        return get_num_chips_from_topology(self.topology)
+        return _num_chips(self.topology)
 
     @property
     def chips_per_host(self) -> int:
         """Chips on each host (VM): 4 for multi-host slices; up to 8 for
         single-host v5e/v6e shapes (``2x4`` -> 8, ``1x1`` -> 1), as Ray decides."""
+        from ray.util.tpu import get_chips_per_host
+
         return min(get_chips_per_host(self.topology, self.accelerator), self.num_chips)
 
     @property
@@ -180,6 +195,8 @@ class SliceSpec:
     @property
     def pod_type(self) -> str:
         """Ray/GCE pod type, counted in TensorCores: ``v6e-16``, ``v4-16`` for 2x2x2."""
+        from ray.util.tpu import infer_tpu_pod_type_from_topology
+
         return infer_tpu_pod_type_from_topology(self.topology, self.accelerator)
 
     @property

@@ -104,8 +104,8 @@ def test_unknown_column(ray_cluster, base_uri):
 _KILLED_WRITER = textwrap.dedent(
     """
     import os, sys, time
-    sys.path.insert(0, {tests!r})
-    from _harness import configure_process_env
+    sys.path.insert(0, {root!r})
+    from tests._harness import configure_process_env
     configure_process_env()
     import numpy as np, pyarrow as pa, ray
     from slicefeed.connectors import write_parquet
@@ -130,7 +130,7 @@ _KILLED_WRITER = textwrap.dedent(
 def test_killed_writer_leaves_no_manifest_then_rerun_commits(ray_cluster, base_uri, tmp_path):
     flag = str(tmp_path / "started")
     script = tmp_path / "writer.py"
-    script.write_text(_KILLED_WRITER.format(tests=os.path.dirname(HERE), flag=flag, uri=base_uri))
+    script.write_text(_KILLED_WRITER.format(root=os.path.dirname(os.path.dirname(HERE)), flag=flag, uri=base_uri))
     proc = subprocess.Popen([sys.executable, str(script)], start_new_session=True)
     try:
         deadline = time.monotonic() + 120

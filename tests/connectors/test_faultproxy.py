@@ -8,7 +8,7 @@ import time
 import urllib.parse
 
 import pytest
-from _faultproxy import FaultProxy
+from tests._faultproxy import FaultProxy
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -13,7 +13,7 @@ import time
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from _faultproxy import FaultProxy
+from tests._faultproxy import FaultProxy
 
 from slicefeed.connectors import resolve_filesystem
 from slicefeed.connectors._retry import TRANSIENT_MARKER, RetryingGCSFileSystem

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from _harness import put_bytes
+from tests._harness import put_bytes
 from slicefeed.connectors import expand_paths, resolve_filesystem
 
 

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from _harness import put_bytes
+from tests._harness import put_bytes
 from slicefeed.connectors import (
     BadRecordError,
     CorruptFileError,

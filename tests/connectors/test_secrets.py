@@ -16,7 +16,7 @@ import threading
 import traceback
 
 import pytest
-from _faultproxy import FaultProxy
+from tests._faultproxy import FaultProxy
 
 from slicefeed.connectors import resolve_filesystem
 

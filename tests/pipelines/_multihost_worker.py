@@ -7,13 +7,9 @@ delivered (mask applied), steps, stats, and the jitted global sums.
 """
 
 import json
-import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.dirname(HERE)]
-
-from _harness import configure_process_env  # noqa: E402
+from tests._harness import configure_process_env
 
 configure_process_env()
 
@@ -41,7 +37,7 @@ def main():
     )
     import jax.numpy as jnp
     import ray
-    from _data import make_table
+    from tests.pipelines._data import make_table
 
     from slicefeed.pipelines import JaxLoader
 

@@ -4,18 +4,14 @@ argv[1]: JSON {"address": Ray GCS address, "uri": dataset, "kwargs": {...}, "sta
 """
 
 import json
-import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.dirname(HERE)]
-
-from _harness import configure_process_env  # noqa: E402
+from tests._harness import configure_process_env
 
 configure_process_env()
 
 import ray  # noqa: E402
-from _conformance import digests  # noqa: E402
+from tests.pipelines._conformance import digests  # noqa: E402
 
 from slicefeed.pipelines import JaxLoader  # noqa: E402
 

@@ -25,12 +25,11 @@ import sys
 
 import pytest
 
-HERE = os.path.dirname(__file__)
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
+from tests._slice_cluster import SimulatedCluster
+from tests.pipelines._data import write_committed
 
-from _data import write_committed  # noqa: E402
-from _slice_cluster import SimulatedCluster  # noqa: E402
+HERE = os.path.dirname(__file__)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(HERE)))
 
 SIZES = [30, 45, 17, 50]  # 142 rows, 4 files, row groups of 7 rows
 
@@ -49,11 +48,17 @@ def ray_address(ray_cluster) -> str:
 
 
 def run_worker(script: str, config: dict, *, timeout: float = 120, env: dict | None = None):
-    """Runs ``tests/pipelines/<script>`` with ``config`` as JSON argv[1]; returns Popen."""
+    """Runs ``tests/pipelines/<script>`` with ``config`` as JSON argv[1]; returns Popen.
+
+    The script runs as the module ``tests.pipelines.<name>`` with the
+    repository root on ``PYTHONPATH``, so it imports the test helpers as a package.
+    """
     e = dict(os.environ)
     e.update(env or {})
+    e["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, e.get("PYTHONPATH")) if p)
+    module = "tests.pipelines." + os.path.splitext(script)[0]
     return subprocess.Popen(
-        [sys.executable, os.path.join(HERE, script), json.dumps(config)],
+        [sys.executable, "-m", module, json.dumps(config)],
         env=e,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from _harness import put_bytes
+from tests._harness import put_bytes
 from slicefeed.connectors import is_committed, read_dataset, resolve_filesystem
 from slicefeed.pipelines import Pipeline
 

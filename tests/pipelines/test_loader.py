@@ -11,9 +11,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from _conformance import assert_equal_output_after_checkpoint, digests
-from _data import make_table
-from conftest import run_worker, wait_all
+from tests.pipelines._conformance import assert_equal_output_after_checkpoint, digests
+from tests.pipelines._data import make_table
+from tests.pipelines.conftest import run_worker, wait_all
 
 from slicefeed.connectors import SpecError
 
@@ -425,7 +425,7 @@ def test_pyarrow_nested_fsl_take_bug():
 
 def test_committed_uri_local_and_gcs(env, base_uri):
     """A committed dataset by URI (local path with spaces, or gs:// on the emulator)."""
-    from _data import write_committed
+    from tests.pipelines._data import write_committed
 
     from slicefeed.pipelines import JaxLoader
 

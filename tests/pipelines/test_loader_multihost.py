@@ -4,14 +4,10 @@ no hang, every row delivered exactly once per epoch or counted."""
 from __future__ import annotations
 
 import json
-import os
-import sys
 
-import pytest
-from conftest import run_worker, wait_all
+from tests.pipelines.conftest import run_worker, wait_all
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from _harness import free_port  # noqa: E402
+from tests._harness import free_port
 
 
 def test_two_hosts_unequal_shards(committed, ray_address, tmp_path):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from slicefeed.connectors import SpecError
-from _data import write_committed  # tests/pipelines is on sys.path (rootdir conftest)
+from tests.pipelines._data import write_committed
 
 SIZES = [30, 45, 17, 50]  # 142 rows, 4 files, row groups of 7 rows
 

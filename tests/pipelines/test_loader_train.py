@@ -7,7 +7,7 @@ import os
 import sys
 
 import pytest
-from _data import make_table
+from tests.pipelines._data import make_table
 
 # Ray Train v2 is chosen when ray.train is imported.
 os.environ["RAY_TRAIN_V2_ENABLED"] = "1"

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from _harness import put_bytes
+from tests._harness import put_bytes
 from slicefeed.connectors import (
     AlreadyCommittedError,
     BadRecordError,

@@ -34,7 +34,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 N_FILES, ROWS = 20, 20
 
 _CLI = (
-    "import sys; sys.path.insert(0, {here!r}); import _stall_transform; "
+    "import sys; sys.path.insert(0, {root!r}); import tests.pipelines._stall_transform; "
     "from slicefeed.pipelines._ops.cli import main; sys.exit(main(sys.argv[1:]))"
 )
 
@@ -71,7 +71,7 @@ def _cli(args: list[str], **popen) -> subprocess.Popen:
     env = dict(os.environ)
     env["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
     return subprocess.Popen(
-        [sys.executable, "-c", _CLI.format(here=HERE), *args],
+        [sys.executable, "-c", _CLI.format(root=os.path.dirname(os.path.dirname(HERE))), *args],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True, **popen,
     )
@@ -181,7 +181,7 @@ def _descendant_of_us(pid: int) -> bool:
 
 @pytest.mark.timeout(300)
 def test_worker_killed_mid_job_still_completes(ray_cluster, tmp_path):
-    import _stall_transform  # noqa: F401 - registers test_stall
+    import tests.pipelines._stall_transform  # noqa: F401 - registers test_stall
 
     from slicefeed.pipelines import Pipeline
 

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
-
-from _slice_cluster import SimulatedCluster  # noqa: E402
+from tests._slice_cluster import SimulatedCluster
 
 pytestmark = pytest.mark.slice
 

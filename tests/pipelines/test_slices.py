@@ -92,7 +92,7 @@ sys.stdout.write(out.stdout); sys.stderr.write(out.stderr)
 def test_unreachable_address_is_a_clear_error():
     import os
 
-    from _harness import free_port
+    from tests._harness import free_port
 
     bad = f"127.0.0.1:{free_port()}"
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}

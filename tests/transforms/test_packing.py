@@ -18,7 +18,7 @@ from slicefeed.transforms import (
     split_errors,
     transform_from_spec,
 )
-from slicefeed.transforms._packing import best_fit_decreasing, first_fit, pack_plan
+from slicefeed.transforms._packing import best_fit_decreasing, first_fit
 
 SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -24,11 +24,10 @@ from slicefeed.transforms import (
     check_transforms,
     get_transform,
     is_bfloat16_field,
-    row_keys,
-    row_uniform,
     split_errors,
     transform_from_spec,
 )
+from slicefeed.transforms._hashing import row_keys, row_uniform
 
 
 def _table(n: int = 6, file: str = "part-0.jsonl") -> pa.Table:

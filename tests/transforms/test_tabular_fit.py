@@ -19,9 +19,9 @@ from slicefeed.transforms import (
     Standardize,
     Vocabulary,
     apply_transforms,
-    hash64,
     transform_from_spec,
 )
+from slicefeed.transforms._hashing import hash64
 
 
 def _table() -> pa.Table:

@@ -1,0 +1,164 @@
+"""The file-format registry: everything slicefeed knows about a format, in one entry.
+
+Per format: its name (the spec's ``source.format`` and the CLI's
+``--format``), the suffixes a directory listing keeps, the reader options it
+accepts, its Ray datasource and reader function, and how to parse a file's
+bytes for a schema peek or ``slicefeed inspect``. The readers,
+:func:`~slicefeed.connectors.peek_schema`, ``slicefeed inspect``, the pipeline
+spec's JSON Schema and the CLI all read :data:`FORMATS`; adding a format is one
+:class:`FileFormat` entry here plus its datasource class in ``_readers.py``.
+
+Importing this module does not import Ray (the datasource is named, and
+resolved on first use).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from collections.abc import Mapping
+from typing import Any, Callable
+
+import pyarrow as pa
+
+__all__ = ["FORMATS", "FileFormat", "format_of_path", "get_format"]
+
+
+def _parse_jsonl(data: bytes, options: Mapping[str, Any]) -> pa.Table:
+    import pyarrow.json as pajson
+
+    return pajson.read_json(io.BytesIO(data))
+
+
+def _parse_csv(data: bytes, options: Mapping[str, Any]) -> pa.Table:
+    import pyarrow.csv as pacsv
+
+    return pacsv.read_csv(
+        io.BytesIO(data), parse_options=pacsv.ParseOptions(delimiter=options["delimiter"])
+    )
+
+
+def _parse_text(data: bytes, options: Mapping[str, Any]) -> pa.Table:
+    lines = data.split(b"\n")
+    if data.endswith(b"\n"):
+        lines = lines[:-1]
+    return pa.table({"text": pa.array([ln.decode("utf-8", "replace") for ln in lines], pa.string())})
+
+
+@dataclasses.dataclass(frozen=True)
+class FileFormat:
+    """One file format.
+
+    Attributes:
+        name: ``parquet``, ``jsonl``, ``csv``, ``text``.
+        suffixes: File names that mark a file as this format (``x.tsv`` is CSV).
+        lists_every_file: A directory listing keeps every file, not only
+            ``suffixes`` (text reads any file).
+        options: Reader options the format accepts besides ``columns`` and
+            ``shuffle_seed`` (``delimiter`` for CSV), with their defaults.
+        datasource: Name of its ``FileBasedDatasource`` class in ``_readers``.
+        reader: Name of its public reader function (``read_csv``).
+        takes_columns: Whether the reader accepts a ``columns`` projection.
+        parse: Bytes -> table, for text formats (None: Parquet reads footers).
+        suffix_options: Option defaults that depend on the file name
+            (``.tsv`` files are tab-separated).
+    """
+
+    name: str
+    suffixes: tuple[str, ...]
+    options: Mapping[str, Any]
+    datasource: str
+    reader: str
+    takes_columns: bool = True
+    parse: Callable[[bytes, Mapping[str, Any]], pa.Table] | None = None
+    suffix_options: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    lists_every_file: bool = False
+
+    @property
+    def listing_suffixes(self) -> tuple[str, ...]:
+        """Suffixes a directory listing filters on (empty: keep every file)."""
+        return () if self.lists_every_file else self.suffixes
+
+    @property
+    def spec_options(self) -> tuple[str, ...]:
+        """Keys a pipeline spec's ``source.options`` may hold for this format."""
+        base = ("columns", "shuffle_seed") if self.takes_columns else ("shuffle_seed",)
+        return (*base, *self.options)
+
+    def claims(self, path: str) -> bool:
+        """Whether ``path``'s name marks it as this format."""
+        return any(path.endswith(s) for s in self.suffixes)
+
+    def options_for(self, path: str, given: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The reader options for one file: given ones, else by file name, else defaults."""
+        out = dict(self.options)
+        for suffix, opts in self.suffix_options.items():
+            if path.endswith(suffix):
+                out.update(opts)
+                break
+        out.update({k: v for k, v in (given or {}).items() if k in self.options and v is not None})
+        return out
+
+
+#: Every file format, by name. ``dataset`` (a committed slicefeed dataset) is
+#: not a file format: it is read from its manifest.
+FORMATS: dict[str, FileFormat] = {
+    f.name: f
+    for f in (
+        FileFormat(
+            name="parquet",
+            suffixes=(".parquet", ".pq"),
+            options={},
+            datasource="ParquetFilesDatasource",
+            reader="read_parquet",
+        ),
+        FileFormat(
+            name="jsonl",
+            suffixes=(".jsonl", ".json", ".ndjson", ".jsonl.gz", ".json.gz", ".ndjson.gz"),
+            options={},
+            datasource="JsonlDatasource",
+            reader="read_jsonl",
+            parse=_parse_jsonl,
+        ),
+        FileFormat(
+            name="csv",
+            suffixes=(".csv", ".csv.gz", ".tsv", ".tsv.gz"),
+            options={"delimiter": ","},
+            datasource="CsvDatasource",
+            reader="read_csv",
+            parse=_parse_csv,
+            suffix_options={".tsv": {"delimiter": "\t"}, ".tsv.gz": {"delimiter": "\t"}},
+        ),
+        FileFormat(
+            name="text",
+            suffixes=(".txt", ".txt.gz"),
+            lists_every_file=True,
+            options={"drop_empty_lines": False},
+            datasource="TextDatasource",
+            reader="read_text",
+            takes_columns=False,
+            parse=_parse_text,
+        ),
+    )
+}
+
+def get_format(name: str) -> FileFormat:
+    """The registry entry for ``name``.
+
+    Raises:
+        SpecError: listing the known formats.
+    """
+    try:
+        return FORMATS[name]
+    except (KeyError, TypeError):
+        from slicefeed.connectors._errors import SpecError
+
+        raise SpecError(f"unknown format {name!r}; known formats: {', '.join(FORMATS)}") from None
+
+
+def format_of_path(path: str) -> str | None:
+    """The format a file name implies (``x.tsv`` -> ``csv``), or None."""
+    for f in FORMATS.values():
+        if f.claims(path):
+            return f.name
+    return None

@@ -1,0 +1,76 @@
+"""Every entry of slicefeed.connectors._compat against the installed Ray, JAX and gcsfs.
+
+The private attributes were checked on the versions in ``CHECKED_VERSIONS``
+(Ray 2.60.0, JAX 0.10.2, gcsfs 2026.10.1); pyproject.toml bounds Ray and JAX
+below the next minor release. A failure here after an upgrade names the entry
+to fix.
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+import pyarrow as pa
+import pytest
+
+from slicefeed.connectors import _compat
+
+
+def test_checked_versions_are_the_installed_ones():
+    for pkg, checked in _compat.CHECKED_VERSIONS.items():
+        installed = metadata.version(pkg)
+        assert installed.split(".")[:2] == checked.split(".")[:2], (
+            f"{pkg} {installed} is installed; slicefeed.connectors._compat was checked on "
+            f"{checked}. Re-check its {pkg} entries and update CHECKED_VERSIONS."
+        )
+
+
+def test_valid_tpu_topologies():
+    table = _compat.valid_tpu_topologies()
+    assert table is not None, "ray._private.accelerators.tpu.VALID_TPU_TOPOLOGY moved"
+    assert "4x4" in table["v6e"] and "2x2x2" in table["v4"] and "2x2x1" in table["v5p"]
+
+
+def test_available_resources_per_node(ray_cluster):
+    free = _compat.available_resources_per_node()
+    assert len(free) == len([n for n in ray_cluster.nodes() if n["Alive"]])
+    assert all(r.get("CPU", 0) >= 0 for r in free.values())
+
+
+def test_dataset_meta_count(ray_cluster):
+    import ray
+
+    assert _compat.dataset_meta_count(ray.data.from_arrow(pa.table({"a": [1, 2, 3]}))) == 3
+    assert _compat.dataset_meta_count(object()) is None
+
+
+def test_jax_kv_client_is_none_without_distributed(jax_cpu):
+    # The attribute path exists; no client before jax.distributed.initialize().
+    from jax._src import distributed
+
+    assert hasattr(distributed.global_state, "client")
+    assert _compat.jax_kv_client() is None
+
+
+def test_jax_sharding_1d(jax_cpu):
+    s = _compat.jax_sharding_1d()
+    assert s.mesh.devices.size == jax_cpu.device_count()
+    assert len(s.mesh.axis_names) == 1
+
+
+def test_gcsfs_undecorated_request():
+    import gcsfs
+
+    base = _compat.gcsfs_undecorated_request()
+    assert base is not None, "gcsfs.GCSFileSystem._request.__wrapped__ is gone"
+    assert base is not gcsfs.GCSFileSystem._request and callable(base)
+
+
+@pytest.mark.parametrize("module", ["ray", "jax", "gcsfs"])
+def test_compat_imports_lazily(module):
+    import subprocess
+    import sys
+
+    code = f"import sys, slicefeed.connectors._compat; print({module!r} in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr

@@ -1,0 +1,286 @@
+"""Column operations: Select, Rename, Cast, Filter, FillNull."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from slicefeed.connectors import ERROR_COLUMN, RESERVED_COLUMNS
+from slicefeed.transforms._arrays import failing_rows, list_like, with_value_type
+from slicefeed.transforms._badrecords import mark_errors
+from slicefeed.transforms._contract import Transform
+from slicefeed.transforms._dtypes import BFLOAT16, bfloat16_field, parse_type, to_bfloat16_bits
+from slicefeed.transforms._expr import compile_expression
+
+
+@dataclasses.dataclass(frozen=True)
+class Select(Transform):
+    """Keeps ``columns`` (in that order), dropping the others.
+
+    slicefeed's own columns (``_sf_file``, ``_sf_row``, ``_sf_error``) are kept
+    when present, after the selected ones: the pipeline needs them to name bad
+    rows and drops them before writing.
+
+    Args:
+        columns: Column names to keep.
+    """
+
+    name: ClassVar[str] = "select"
+    columns: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "columns", self._column_list(self.columns, "columns"))
+
+    def _keep(self, names: Sequence[str]) -> list[str]:
+        return [*self.columns, *(c for c in RESERVED_COLUMNS if c in names and c not in self.columns)]
+
+    def output_schema(self, schema: pa.Schema) -> pa.Schema:
+        for c in self.columns:
+            self._require(schema, c, arg="columns")
+        return pa.schema([schema.field(c) for c in self._keep(schema.names)], schema.metadata)
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        return table.select(self._keep(table.column_names))
+
+
+@dataclasses.dataclass(frozen=True)
+class Rename(Transform):
+    """Renames columns.
+
+    Args:
+        mapping: ``{old_name: new_name}``.
+    """
+
+    name: ClassVar[str] = "rename"
+    mapping: dict[str, str]
+
+    def __post_init__(self) -> None:
+        m = self._column_mapping(self.mapping, "mapping")
+        if not all(isinstance(v, str) and v for v in m.values()):
+            raise self._spec_error(f"mapping values must be new column names; got {m!r}")
+        for k, v in m.items():
+            if k in RESERVED_COLUMNS or v in RESERVED_COLUMNS:
+                raise self._spec_error(
+                    f"cannot rename to or from slicefeed's own column {k if k in RESERVED_COLUMNS else v!r}"
+                )
+        targets = list(m.values())
+        dup = sorted({t for t in targets if targets.count(t) > 1})
+        if dup:
+            raise self._spec_error(f"mapping renames two columns to {dup[0]!r}")
+        object.__setattr__(self, "mapping", m)
+
+    def _names(self, names: Sequence[str]) -> list[str]:
+        return [self.mapping.get(n, n) for n in names]
+
+    def output_schema(self, schema: pa.Schema) -> pa.Schema:
+        for old in self.mapping:
+            self._require(schema, old, arg="mapping")
+        kept = [n for n in schema.names if n not in self.mapping]
+        for old, new in self.mapping.items():
+            if new in kept:
+                raise self._spec_error(
+                    f"renaming {old!r} to {new!r} collides with the existing column {new!r}; "
+                    f"drop or rename {new!r} first"
+                )
+        return pa.schema(
+            [f.with_name(self.mapping.get(f.name, f.name)) for f in schema], schema.metadata
+        )
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        return table.rename_columns(self._names(table.column_names))
+
+
+@dataclasses.dataclass(frozen=True)
+class Cast(Transform):
+    """Casts columns to other types (safe casts: overflow or unparsable values are errors).
+
+    A value that cannot be cast (``"abc"`` to ``int32``, ``300`` to ``uint8``)
+    marks its row bad instead of failing the batch. A list column cast to a
+    scalar type casts its values (``list<int64>`` -> ``list<int32>``).
+    ``"bfloat16"`` stores bfloat16 bit patterns as ``uint16`` with field
+    metadata (see :mod:`slicefeed.transforms._dtypes`).
+
+    Args:
+        columns: ``{column: type}`` with types such as ``int32``, ``float32``,
+            ``bfloat16``, ``string``, ``bool``, ``timestamp[us]``.
+    """
+
+    name: ClassVar[str] = "cast"
+    columns: dict[str, str]
+
+    def __post_init__(self) -> None:
+        m = self._column_mapping(self.columns, "columns")
+        for col, t in m.items():
+            parse_type(t, label=self._label(), arg=f"column {col!r}")
+        object.__setattr__(self, "columns", m)
+
+    def _target(self, col: str, src: pa.DataType) -> tuple[pa.DataType, bool]:
+        """(Arrow type to cast to, is bfloat16) for ``col`` of type ``src``."""
+        t = parse_type(self.columns[col], label=self._label(), arg=f"column {col!r}")
+        bf16 = t == BFLOAT16
+        scalar = pa.float32() if bf16 else t
+        if list_like(src) and not list_like(scalar):
+            return with_value_type(src, scalar), bf16
+        return scalar, bf16
+
+    def output_schema(self, schema: pa.Schema) -> pa.Schema:
+        fields = list(schema)
+        for col in self.columns:
+            src = self._require(schema, col, arg="columns")
+            target, bf16 = self._target(col, src)
+            try:
+                pc.cast(pa.array([], src), target)
+            except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
+                raise self._spec_error(
+                    f"cannot cast column {col!r} from {src} to {self.columns[col]}"
+                ) from None
+            if bf16 and not (
+                pa.types.is_floating(target)
+                or pa.types.is_integer(target)
+                or (list_like(target))
+            ):
+                raise self._spec_error(f"bfloat16 needs a numeric column; {col!r} is {src}")
+            i = schema.get_field_index(col)
+            fields[i] = self._out_field(col, target, bf16)
+        return pa.schema(fields, schema.metadata)
+
+    @staticmethod
+    def _out_field(col: str, target: pa.DataType, bf16: bool) -> pa.Field:
+        if not bf16:
+            return pa.field(col, target)
+        if list_like(target):
+            return bfloat16_field(col, with_value_type(target, pa.uint16()))
+        return bfloat16_field(col)
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        bad_all = np.zeros(table.num_rows, dtype=bool)
+        reasons = np.full(table.num_rows, None, dtype=object)
+        for col, type_name in self.columns.items():
+            i = table.schema.get_field_index(col)
+            arr = table.column(i).combine_chunks()
+            target, bf16 = self._target(col, arr.type)
+            try:
+                out = pc.cast(arr, target)
+            except (pa.ArrowInvalid, OverflowError):
+                bad = failing_rows(arr, lambda a: pc.cast(a, target))
+                new_bad = bad & ~bad_all
+                reasons[new_bad] = f"Cast: value in column {col!r} cannot be cast to {type_name}"
+                bad_all |= bad
+                out = pc.cast(pc.if_else(pa.array(bad), pa.nulls(len(arr), arr.type), arr), target)
+            if bf16:
+                out = _to_bf16(out)
+            table = table.set_column(i, self._out_field(col, out.type if not bf16 else target, bf16), out)
+        return mark_errors(table, bad_all, reasons)
+
+
+def _to_bf16(arr: pa.Array) -> pa.Array:
+    """float32 (or list of float32) -> uint16 bit patterns, keeping nulls and offsets."""
+    if list_like(arr.type):
+        values = arr.values if not pa.types.is_fixed_size_list(arr.type) else arr.flatten()
+        bits = _to_bf16(values)
+        if pa.types.is_fixed_size_list(arr.type):
+            return pa.FixedSizeListArray.from_arrays(bits, arr.type.list_size, mask=arr.is_null())
+        cls = pa.LargeListArray if pa.types.is_large_list(arr.type) else pa.ListArray
+        return cls.from_arrays(arr.offsets, bits, mask=arr.is_null())
+    np_vals = arr.fill_null(0).to_numpy(zero_copy_only=False)
+    return pa.array(to_bfloat16_bits(np_vals), pa.uint16(), mask=arr.is_null().to_numpy(zero_copy_only=False))
+
+
+@dataclasses.dataclass(frozen=True)
+class Filter(Transform):
+    """Keeps rows for which ``expr`` is true (null counts as false).
+
+    ``expr`` uses a small safe language compiled to an Arrow expression, never
+    ``eval``: column names (``col("name with spaces")`` for odd names),
+    literals, comparisons, ``in [..]``, ``and``/``or``/``not``, ``+ - * /``,
+    ``is_null(col)`` / ``is_valid(col)``. Example: ``"age >= 18 and country in ['DE', 'FR']"``.
+    Rows already marked bad are kept so the pipeline can count them.
+
+    Args:
+        expr: The predicate.
+    """
+
+    name: ClassVar[str] = "filter"
+    expr: str
+
+    def __post_init__(self) -> None:
+        compile_expression(self.expr, label=self._label())
+
+    def _compiled(self) -> tuple[pc.Expression, list[str]]:
+        return compile_expression(self.expr, label=self._label())
+
+    def output_schema(self, schema: pa.Schema) -> pa.Schema:
+        expression, cols = self._compiled()
+        for c in cols:
+            self._require(schema, c, arg="expr")
+        try:
+            schema.empty_table().filter(expression)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, TypeError) as e:
+            msg = str(e).splitlines()[0]
+            types = ", ".join(f"{c}: {schema.field(c).type}" for c in cols)
+            raise self._spec_error(
+                f"expression {self.expr!r} does not type-check against the columns ({types}): "
+                f"{msg}. It must be a boolean condition comparing compatible types."
+            ) from None
+        return schema
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        expression, _ = self._compiled()
+        if ERROR_COLUMN in table.column_names:
+            expression = expression | pc.field(ERROR_COLUMN).is_valid()
+        try:
+            return table.filter(expression)
+        except (pa.ArrowInvalid, OverflowError):
+            # A value the expression cannot handle (division by zero, overflow):
+            # find those rows (error path only) and keep them, marked bad.
+            bad = failing_rows(table, lambda t: t.filter(expression))
+            marked = mark_errors(
+                table, bad, f"Filter: expression {self.expr!r} failed on this row"
+            )
+            keep = pa.array(bad)
+            good_rows = table.filter(pc.invert(keep)).filter(expression)
+            return pa.concat_tables(
+                [
+                    mark_errors(good_rows, np.zeros(good_rows.num_rows, bool), ""),
+                    marked.filter(keep),
+                ],
+                promote_options="default",
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class FillNull(Transform):
+    """Replaces nulls with constants.
+
+    Args:
+        values: ``{column: value}``; the value must be castable to the column type.
+    """
+
+    name: ClassVar[str] = "fill_null"
+    values: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "values", self._column_mapping(self.values, "values"))
+
+    def output_schema(self, schema: pa.Schema) -> pa.Schema:
+        for c, v in self.values.items():
+            t = self._require(schema, c, arg="values")
+            try:
+                pa.scalar(v).cast(t)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, TypeError):
+                raise self._spec_error(
+                    f"fill value {v!r} for column {c!r} cannot be cast to the column type {t}"
+                ) from None
+        return schema
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        for c, v in self.values.items():
+            i = table.column_names.index(c)
+            col = table.column(i)
+            table = table.set_column(i, table.schema.field(i), col.fill_null(pa.scalar(v).cast(col.type)))
+        return table

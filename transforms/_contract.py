@@ -1,0 +1,210 @@
+"""The transform contract: what every transform is and promises.
+
+A transform is a small frozen dataclass that maps one ``pyarrow.Table`` batch to
+another (Ray Data's ``map_batches(..., batch_format="pyarrow")``). Its contract:
+
+- **Picklable and stateless.** Every argument is a dataclass field, so a YAML
+  item ``{rename: {mapping: {a: b}}}`` maps one-to-one onto ``Rename(mapping=...)``
+  and a transform ships to Ray workers as is (:mod:`._registry` builds it).
+- **Checked before Ray starts.** :meth:`Transform.output_schema` validates the
+  columns and types it needs and returns the schema it produces; a pipeline folds
+  it over its transform list starting from the source schema.
+- **Deterministic.** Randomness comes only from the pipeline seed (given with
+  :meth:`Transform.with_seed`) and the row identity (the provenance columns
+  ``_sf_file`` / ``_sf_row`` added by slicefeed readers), never from global state,
+  time or batch boundaries; see :mod:`._hashing`.
+- **Bad data never raises.** A row a transform cannot process is marked in the
+  string column ``_sf_error`` (the reason; null for good rows, the column only
+  present when at least one row is bad) and gets type-correct placeholders in the
+  transform's output columns. The pipeline applies its ``on_error`` policy after
+  each transform; see :mod:`._badrecords`.
+- **Declared capabilities.** ``needs_fit``, ``is_dataset_op`` and
+  ``reshapes_rows`` are class attributes of the contract; runners read them
+  directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import pyarrow as pa
+
+from slicefeed.connectors import RESERVED_COLUMNS, MissingColumnError, SpecError
+from slicefeed.transforms._registry import default_of, plain, register
+
+if typing.TYPE_CHECKING:  # pragma: no cover
+    import ray.data
+
+__all__ = ["Transform"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Transform:
+    """Base class of all transforms: ``pa.Table -> pa.Table``.
+
+    Subclasses are frozen dataclasses with a class attribute ``name`` (the
+    snake_case name used in YAML specs); defining ``name`` registers the class
+    in :data:`TRANSFORMS`.
+
+    Attributes:
+        name: YAML name of the transform.
+        needs_fit: Whether :meth:`fit` must run over the whole dataset before
+            the transform can be applied.
+    """
+
+    name: ClassVar[str] = ""
+    needs_fit: ClassVar[bool] = False
+    #: Whether the transform is a dataset-level operation (see :meth:`dataset_op`).
+    is_dataset_op: ClassVar[bool] = False
+    #: Whether output rows are not input rows (PackSequences merges and splits
+    #: rows): the runner must not count ``rows_in - rows_out`` as filtered.
+    reshapes_rows: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        name = cls.__dict__.get("name")
+        if name:
+            register(name, cls)
+
+    # -- the contract -------------------------------------------------------
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        """Transforms one batch. Never raises for bad data (marks it instead)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement __call__")
+
+    def output_schema(self, schema: pa.Schema) -> pa.Schema:
+        """Validates ``schema`` (the input) and returns the output schema.
+
+        Raises:
+            SpecError: naming the transform, the column and what was expected.
+        """
+        return schema
+
+    def fit(self, ds: "ray.data.Dataset") -> "Transform":
+        """Returns a fitted copy, with statistics computed over all of ``ds``.
+
+        The default (``needs_fit = False``) returns ``self``.
+        """
+        return self
+
+    @property
+    def is_fitted(self) -> bool:
+        """Whether the transform can be applied (always True if no fit is needed)."""
+        return True
+
+    def stats(self) -> dict[str, Any]:
+        """JSON-serialisable fitted statistics (recorded in report and manifest)."""
+        return {}
+
+    def output_stats(self, ds: "ray.data.Dataset") -> dict[str, Any]:
+        """JSON-serialisable statistics of this transform's output dataset.
+
+        For transforms whose quality is measured on their output (packing
+        efficiency). The pipeline may call it on the final dataset after the
+        run (one extra pass); the default is ``{}``.
+        """
+        return {}
+
+    def with_seed(self, seed: int) -> "Transform":
+        """Returns a copy that draws its randomness from ``seed``.
+
+        Deterministic transforms return ``self``. Random transforms keep a seed
+        given explicitly in their own arguments (it wins over the pipeline's).
+        """
+        return self
+
+    def dataset_op(self, ds: "ray.data.Dataset") -> "ray.data.Dataset":
+        """Dataset-level form of the transform (``is_dataset_op`` transforms only).
+
+        The pipeline calls ``ds = t.dataset_op(ds)`` instead of
+        ``ds.map_batches(t, batch_format="pyarrow")`` when ``t.is_dataset_op``
+        is true (e.g. :class:`Deduplicate`, which needs to see all rows).
+        """
+        return ds.map_batches(self, batch_format="pyarrow", zero_copy_batch=True)
+
+    # -- spec round trip ----------------------------------------------------
+
+    def to_spec(self) -> dict[str, dict[str, Any]]:
+        """The YAML item that builds this transform: ``{name: {arg: value}}``."""
+        args = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if v != default_of(f):
+                args[f.name] = plain(v)
+        return {self.name: args}
+
+    # -- helpers for subclasses ---------------------------------------------
+
+    def _require(
+        self,
+        schema: pa.Schema,
+        column: str,
+        *,
+        kinds: Sequence[str] = (),
+        arg: str = "column",
+    ) -> pa.DataType:
+        """Checks ``column`` exists (and has one of ``kinds``); returns its type."""
+        if column not in schema.names:
+            avail = ", ".join(n for n in schema.names if n not in RESERVED_COLUMNS)
+            raise MissingColumnError(
+                f"{self._label()}: column {column!r} not found; available: {avail or '(none)'}"
+                f". Fix the {arg!r} argument."
+            )
+        t = schema.field(column).type
+        if kinds and not any(_is_kind(t, k) for k in kinds):
+            raise SpecError(
+                f"{self._label()}: column {column!r} has type {t}; expected "
+                f"{' or '.join(kinds)}. Add a cast or pick another column."
+            )
+        return t
+
+    def _label(self) -> str:
+        return type(self).__name__
+
+    def _spec_error(self, msg: str) -> SpecError:
+        return SpecError(f"{self._label()}: {msg}")
+
+    def _column_list(self, value: Any, arg: str) -> tuple[str, ...]:
+        """``value`` as a tuple of distinct column names (the ``arg`` argument)."""
+        if isinstance(value, str) or not isinstance(value, Sequence) or not value:
+            raise self._spec_error(f"{arg} must be a non-empty list of column names; got {value!r}")
+        if not all(isinstance(v, str) for v in value):
+            raise self._spec_error(f"{arg} must contain column names (strings); got {value!r}")
+        dup = sorted({v for v in value if list(value).count(v) > 1})
+        if dup:
+            raise self._spec_error(f"{arg} names column {dup[0]!r} twice")
+        return tuple(value)
+
+    def _column_mapping(self, value: Any, arg: str) -> dict[str, Any]:
+        """``value`` as a non-empty ``{column: ...}`` dict (the ``arg`` argument)."""
+        if not isinstance(value, Mapping) or not value:
+            raise self._spec_error(
+                f"{arg} must be a non-empty mapping of column names, e.g. {{old: new}}; got {value!r}"
+            )
+        if not all(isinstance(k, str) for k in value):
+            raise self._spec_error(f"{arg} keys must be column names (strings); got {value!r}")
+        return dict(value)
+
+
+_KINDS = {
+    "string": lambda t: pa.types.is_string(t) or pa.types.is_large_string(t),
+    "binary": lambda t: pa.types.is_binary(t) or pa.types.is_large_binary(t),
+    "integer": pa.types.is_integer,
+    "floating": pa.types.is_floating,
+    "numeric": lambda t: pa.types.is_integer(t) or pa.types.is_floating(t),
+    "boolean": pa.types.is_boolean,
+    "list": lambda t: pa.types.is_list(t)
+    or pa.types.is_large_list(t)
+    or pa.types.is_fixed_size_list(t),
+    "list<integer>": lambda t: (
+        pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+    )
+    and pa.types.is_integer(t.value_type),
+}
+
+
+def _is_kind(t: pa.DataType, kind: str) -> bool:
+    return _KINDS[kind](t)

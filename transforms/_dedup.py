@@ -1,0 +1,97 @@
+"""Exact deduplication: Deduplicate (a dataset-level operation)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+import pyarrow as pa
+
+from slicefeed.connectors import PROVENANCE_FILE, PROVENANCE_ROW, RESERVED_COLUMNS
+from slicefeed.transforms._categorical import is_hashable
+from slicefeed.transforms._contract import Transform
+from slicefeed.transforms._hashing import hash64, mix64
+
+if TYPE_CHECKING:  # pragma: no cover
+    import ray.data
+
+
+@dataclasses.dataclass(frozen=True)
+class Deduplicate(Transform):
+    """Exact deduplication on ``columns`` (all data columns when omitted).
+
+    A dataset-level operation (``is_dataset_op``): the pipeline calls
+    ``ds = t.dataset_op(ds)``, which groups the whole dataset by the key
+    columns (Ray ``groupby().map_groups()``, a shuffle) and keeps, per key, the
+    row with the smallest (``_sf_file``, ``_sf_row``), so the survivor does not
+    depend on scheduling. Rows come out grouped by key. Called on a table
+    (``t(table)``), it deduplicates within that table only. Nulls are equal to
+    each other for this purpose.
+
+    Args:
+        columns: Key columns (strings, binary, numbers, booleans, dates).
+    """
+
+    name: ClassVar[str] = "deduplicate"
+    is_dataset_op: ClassVar[bool] = True
+    columns: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.columns is not None:
+            object.__setattr__(self, "columns", self._column_list(self.columns, "columns"))
+
+    def _keys(self, names: Sequence[str]) -> list[str]:
+        if self.columns is not None:
+            return list(self.columns)
+        return [n for n in names if n not in RESERVED_COLUMNS]
+
+    def output_schema(self, schema: pa.Schema) -> pa.Schema:
+        for c in self._keys(schema.names):
+            t = self._require(schema, c, arg="columns")
+            if not is_hashable(t):
+                raise self._spec_error(
+                    f"column {c!r} has type {t}; deduplicate on scalar columns (strings, "
+                    "binary, numbers, booleans, dates), e.g. columns: [text]"
+                )
+        return schema
+
+    def _key_hash(self, table: pa.Table) -> pa.Array:
+        h = np.zeros(table.num_rows, np.uint64)
+        with np.errstate(over="ignore"):
+            for c in self._keys(table.column_names):
+                h = mix64(h ^ hash64(table.column(c), salt=c))
+        return pa.array(h)
+
+    def _order(self, table: pa.Table) -> list[tuple[str, str]]:
+        return [(c, "ascending") for c in (PROVENANCE_FILE, PROVENANCE_ROW) if c in table.column_names]
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        keys = self._keys(table.column_names)
+        order = self._order(table)
+        if order:
+            table = table.sort_by(order)
+        # Exact: group by the key columns themselves; first row per key in order.
+        idx = pa.array(np.arange(table.num_rows, dtype=np.int64))
+        tmp = table.select(keys).append_column("__sf_idx", idx)
+        firsts = tmp.group_by(keys, use_threads=False).aggregate([("__sf_idx", "min")])
+        keep = np.sort(firsts.column("__sf_idx_min").to_numpy())
+        return table.take(pa.array(keep))
+
+    def dataset_op(self, ds: "ray.data.Dataset") -> "ray.data.Dataset":
+        keys_hash = self._key_hash
+
+        def add_key(batch: pa.Table) -> pa.Table:
+            return batch.append_column("__sf_key", keys_hash(batch))
+
+        dedup = self
+
+        def per_group(group: pa.Table) -> pa.Table:
+            return dedup(group.drop_columns(["__sf_key"]))
+
+        # Group by a 64-bit hash of the keys (one scalar, nulls allowed); exact
+        # comparison of the real key columns happens within each group.
+        return ds.map_batches(add_key, batch_format="pyarrow").groupby("__sf_key").map_groups(
+            per_group, batch_format="pyarrow"
+        )

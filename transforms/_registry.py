@@ -1,0 +1,147 @@
+"""The transform registry and YAML argument parsing.
+
+Defining a :class:`~slicefeed.transforms.Transform` subclass with a ``name``
+registers it in :data:`TRANSFORMS`; :func:`transform_from_spec` turns a YAML
+item (``{rename: {mapping: {a: b}}}``) into an instance, with errors that name
+the transform, the argument and the allowed arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import typing
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pyarrow as pa
+
+from slicefeed.connectors import SpecError
+
+if typing.TYPE_CHECKING:  # pragma: no cover
+    from slicefeed.transforms._contract import Transform
+
+__all__ = ["TRANSFORMS", "check_transforms", "get_transform", "register", "transform_from_spec"]
+
+#: Transform classes by their YAML name.
+TRANSFORMS: dict[str, type["Transform"]] = {}
+
+_SNAKE = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+def register(name: str, cls: type["Transform"]) -> None:
+    """Registers ``cls`` under ``name`` (called by ``Transform.__init_subclass__``).
+
+    Raises:
+        ValueError: ``name`` is not snake_case or is taken by another class.
+    """
+    if not _SNAKE.match(name):
+        raise ValueError(f"transform name {name!r} must be snake_case")
+    if name in TRANSFORMS and TRANSFORMS[name].__qualname__ != cls.__qualname__:
+        raise ValueError(f"transform name {name!r} is taken by {TRANSFORMS[name].__qualname__}")
+    TRANSFORMS[name] = cls
+
+
+def default_of(f: dataclasses.Field) -> Any:
+    """The default of a dataclass field (``dataclasses.MISSING`` if required)."""
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        return f.default_factory()  # type: ignore[misc]
+    return dataclasses.MISSING
+
+
+def plain(v: Any) -> Any:
+    """``v`` with tuples as lists and mappings as dicts (a YAML-ready value)."""
+    if isinstance(v, tuple):
+        return [plain(x) for x in v]
+    if isinstance(v, Mapping):
+        return {k: plain(x) for k, x in v.items()}
+    return v
+
+
+def _ensure_registered() -> None:
+    # Importing the package registers every built-in transform.
+    import slicefeed.transforms  # noqa: F401
+
+
+def get_transform(name: str) -> type["Transform"]:
+    """The transform class registered under ``name``.
+
+    Raises:
+        SpecError: listing the allowed names when ``name`` is unknown.
+    """
+    _ensure_registered()
+    try:
+        return TRANSFORMS[name]
+    except (KeyError, TypeError):
+        raise SpecError(
+            f"unknown transform {name!r}; allowed: {', '.join(sorted(TRANSFORMS))}"
+        ) from None
+
+
+def transform_from_spec(item: Mapping[str, Any] | str) -> "Transform":
+    """Builds a transform from a YAML spec item.
+
+    Args:
+        item: ``{"rename": {"mapping": {"a": "b"}}}``; a bare name (``"deduplicate"``)
+            or ``{"name": None}`` for a transform without required arguments.
+
+    Raises:
+        SpecError: naming the transform and the unknown/missing/invalid argument
+            and listing the allowed arguments.
+    """
+    if isinstance(item, str):
+        name, args = item, {}
+    elif isinstance(item, Mapping) and len(item) == 1:
+        ((name, args),) = item.items()
+    else:
+        raise SpecError(
+            f"a transform must be written as a mapping with one key, the transform "
+            f"name, e.g. {{rename: {{mapping: {{a: b}}}}}}; got {item!r}"
+        )
+    cls = get_transform(name)
+    if args is None:
+        args = {}
+    if not isinstance(args, Mapping):
+        raise SpecError(
+            f"{name}: arguments must be a mapping of argument names to values; got "
+            f"{args!r}. Allowed arguments: {_arg_list(cls)}"
+        )
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = [k for k in args if k not in fields]
+    if unknown:
+        raise SpecError(
+            f"{name}: unknown argument {unknown[0]!r}; allowed arguments: {_arg_list(cls)}"
+        )
+    missing = [
+        k for k, f in fields.items() if default_of(f) is dataclasses.MISSING and k not in args
+    ]
+    if missing:
+        raise SpecError(
+            f"{name}: missing required argument {missing[0]!r}; allowed arguments: "
+            f"{_arg_list(cls)}"
+        )
+    try:
+        return cls(**dict(args))
+    except SpecError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise SpecError(f"{name}: invalid arguments ({e}); allowed arguments: {_arg_list(cls)}") from e
+
+
+def _arg_list(cls: type["Transform"]) -> str:
+    out = []
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        d = default_of(f)
+        out.append(f.name if d is dataclasses.MISSING else f"{f.name}={plain(d)!r}")
+    return ", ".join(out) or "(none)"
+
+
+def check_transforms(schema: pa.Schema, transforms: Iterable["Transform"]) -> pa.Schema:
+    """Folds :meth:`Transform.output_schema` over ``transforms``; the final schema."""
+    for t in transforms:
+        schema = t.output_schema(schema)
+    return schema
