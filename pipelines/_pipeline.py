@@ -29,18 +29,27 @@ from slicefeed.connectors import (
     ERROR_COLUMN,
     PROVENANCE_FILE,
     PROVENANCE_ROW,
+    QUARANTINE_DIR,
     RAW_COLUMN,
     REPORT_NAME,
+    REPORTS_DIR,
     AlreadyCommittedError,
     BadRecordError,
+    CommitConflictError,
+    CorruptManifestError,
+    InputFile,
     Manifest,
     MissingColumnError,
     SpecError,
+    check_sink_outside_sources,
     is_committed,
+    list_inputs,
+    new_writer_id,
     peek_schema,
     read_dataset,
     read_manifest,
     resolve_filesystem,
+    write_atomic,
     write_parquet,
 )
 from slicefeed.connectors._formats import get_format
@@ -53,7 +62,6 @@ from slicefeed.pipelines._spec import (
     validate_spec,
 )
 
-QUARANTINE_DIR = "_quarantine"
 
 
 def _versions() -> dict[str, str]:
@@ -362,14 +370,14 @@ class Pipeline:
     def _storage(src: Mapping[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in (src.get("storage") or {}).items() if k in STORAGE_OPTIONS}
 
-    def _read_source(self, src: Mapping[str, Any]) -> ray.data.Dataset:
+    def _read_source(self, src: Mapping[str, Any], shard: tuple[int, int] | None = None) -> ray.data.Dataset:
         opts = dict(src.get("options") or {})
         if src["format"] == "dataset":
-            return read_dataset(src["uri"], provenance=True, **opts, **self._storage(src))
+            return read_dataset(src["uri"], provenance=True, shard=shard, **opts, **self._storage(src))
         reader = getattr(connectors, get_format(src["format"]).reader)
         return reader(
             src["uri"], provenance=True, mark_errors=self.spec["on_error"] != "fail",
-            **opts, **self._storage(src),
+            shard=shard, **opts, **self._storage(src),
         )
 
     def source_schema(self) -> pa.Schema:
@@ -412,13 +420,35 @@ class Pipeline:
             out.append(entry)
         return out
 
-    def check(self) -> pa.Schema:
-        """Checks the transforms against the source schema; returns the output schema.
+    def check_sink(self) -> None:
+        """Refuses a sink that equals, contains or lies inside a source (no storage access).
 
         Raises:
-            SpecError: naming the transform and the missing/mistyped column.
+            SpecError: naming the sink and the source.
+        """
+        if "sink" in self.spec:
+            check_sink_outside_sources(
+                self.spec["sink"]["uri"], [s["uri"] for s in self._sources()],
+                where=self.source_name,
+            )
+
+    def input_listing(self) -> tuple[InputFile, ...]:
+        """The input files (path, size, generation or mtime) this run reads, as listed now.
+
+        Stored in the manifest beside the fingerprint.
+        """
+        return list_inputs([(s["uri"], s["format"], self._storage(s)) for s in self._sources()])
+
+    def check(self) -> pa.Schema:
+        """Checks the sink and the transforms against the source schema; returns the output schema.
+
+        Raises:
+            SpecError: naming the transform and the missing/mistyped column,
+                or a sink that overlaps a source.
         """
         from slicefeed.transforms import check_transforms
+
+        self.check_sink()
 
         schema = self.source_schema()
         try:
@@ -429,16 +459,17 @@ class Pipeline:
 
     # -- the dataset --------------------------------------------------------------
 
-    def _build(self, transforms: Sequence[Any], *, counters: Any = None, quarantine: Any = None) -> ray.data.Dataset:
+    def _build(self, transforms: Sequence[Any], *, counters: Any = None, quarantine: Any = None,
+               shard: tuple[int, int] | None = None) -> ray.data.Dataset:
         srcs = self._sources()
         if len(srcs) == 1:
-            ds = self._read_source(srcs[0])
+            ds = self._read_source(srcs[0], shard)
         else:
             from slicefeed.pipelines._mixture import interleave
 
             names = [str(s.get("name", i)) for i, s in enumerate(srcs)]
             ds, self.mixture_counts = interleave(
-                {n: self._read_source(s) for n, s in zip(names, srcs)},
+                {n: self._read_source(s, shard) for n, s in zip(names, srcs)},
                 [float(s.get("weight", 1.0)) for s in srcs],
                 seed=int(self.spec["seed"]),
             )
@@ -484,19 +515,25 @@ class Pipeline:
             fitted.append(t)
         return fitted
 
-    def dataset(self, *, keep_provenance: bool = False, _counters: Any = None,
-                _quarantine: Any = None, _fitted: Sequence[Any] | None = None) -> ray.data.Dataset:
+    def dataset(self, *, keep_provenance: bool = False, shard: tuple[int, int] | None = None,
+                _counters: Any = None, _quarantine: Any = None,
+                _fitted: Sequence[Any] | None = None) -> ray.data.Dataset:
         """The lazy ``ray.data.Dataset`` this pipeline produces (nothing is written).
 
-        Transforms that need statistics (``needs_fit``) are fitted here, which
-        runs the pipeline up to them once.
+        Transforms that need statistics (``needs_fit``) are fitted here, on all
+        of the input (also with ``shard``), which runs the pipeline up to them once.
 
         Args:
             keep_provenance: Keep the ``_sf_file``/``_sf_row`` row-identity columns.
+            shard: ``(index, count)``: only input files ``index::count`` of every
+                source (sorted): one host's deterministic share of whole files.
+
+        Raises:
+            SpecError: a source with fewer files than ``count``.
         """
         self.check()
         transforms = list(_fitted) if _fitted is not None else self._fitted()
-        ds = self._build(transforms, counters=_counters, quarantine=_quarantine)
+        ds = self._build(transforms, counters=_counters, quarantine=_quarantine, shard=shard)
         if not keep_provenance:
             ds = ds.map_batches(_drop_provenance if _counters is None else _Output(_counters),
                                 batch_format="pyarrow", zero_copy_batch=True)
@@ -520,8 +557,7 @@ class Pipeline:
         the listing itself (path, size, generation / mtime per input file).
         No Ray.
         """
-        inputs = _rerun.list_inputs(
-            [(s["uri"], s["format"], self._storage(s)) for s in self._sources()])
+        inputs = self.input_listing()
         files = _rerun.transform_file_digests(self.spec)
         return _rerun.fingerprint_parts(self.fingerprint, inputs, files), inputs
 
@@ -543,20 +579,16 @@ class Pipeline:
             raise SpecError(f"{self.source_name}: missing required key 'sink' (format and uri) "
                             "to run; use dataset() for a pipeline without a sink.")
         sink = self.spec["sink"]
+        self.check_sink()
         target = resolve_filesystem(sink["uri"], **self._storage(sink))
         parts, inputs = self.fingerprint_parts()
         self._decided = (parts, inputs)
         fp = _rerun.combine(parts)
         if overwrite or not is_committed(target):
             return None
-        existing = read_manifest(target)
+        existing = read_manifest(target)  # CorruptManifestError: --overwrite replaces it
         if existing.fingerprint == fp:
-            return RunReport(
-                name=self.name, status="already_committed", sink=target.uri, fingerprint=fp,
-                rows_read=0, rows_written=existing.num_rows, rows_filtered=0, rows_skipped=0,
-                rows_quarantined=0, files=len(existing.files), bytes_written=existing.num_bytes,
-                wall_s=0.0, rows_per_s=0.0, run_id=existing.metadata.get("run_id", ""),
-            )
+            return _already_committed(self.name, target.uri, fp, existing)
         old_parts = existing.metadata.get(_rerun.PARTS_KEY)
         old_spec = old_parts.get("spec") if isinstance(old_parts, dict) else existing.fingerprint
         if old_spec != self.fingerprint:
@@ -566,8 +598,7 @@ class Pipeline:
                 "(Pipeline.run(overwrite=True)) to replace it, or change sink.uri."
             )
         reasons = _rerun.what_changed(
-            old_parts if isinstance(old_parts, dict) else None, parts,
-            _rerun.stored_inputs(existing), inputs)
+            old_parts if isinstance(old_parts, dict) else None, parts, existing.inputs, inputs)
         raise AlreadyCommittedError(
             f"{target.uri} is committed by this pipeline from other input: "
             f"{'; '.join(reasons)}. Pass --overwrite (Pipeline.run(overwrite=True)) to recompute "
@@ -600,6 +631,7 @@ class Pipeline:
             raise SpecError(f"{self.source_name}: missing required key 'sink' (format and uri) "
                             "to run; use dataset() for a pipeline without a sink.")
         sink = self.spec["sink"]
+        self.check_sink()
         storage = self._storage(sink)
         target = resolve_filesystem(sink["uri"], **storage)
         decided = self.decide(overwrite=overwrite)
@@ -611,11 +643,13 @@ class Pipeline:
         self.check()
         fitted = self._fitted()
         counters = _Counters.remote()
-        quarantine = target.join(QUARANTINE_DIR) if self.spec["on_error"] == "quarantine" else None
-        # What a crashed or replaced run left beside the data must not be
-        # mistaken for this run's: its quarantine and its report go first.
-        _remove(target.join(QUARANTINE_DIR), recursive=True)
-        _remove(target.join(REPORT_NAME))
+        # Everything this run writes beside the data is named by its writer id
+        # and recorded in its manifest version: a failed or losing run leaves
+        # the committed version's report and quarantine alone.
+        writer = new_writer_id()
+        quarantine_rel = f"{QUARANTINE_DIR}/{writer}" if self.spec["on_error"] == "quarantine" else None
+        quarantine = target.join(quarantine_rel) if quarantine_rel else None
+        report_rel = f"{REPORTS_DIR}/{writer}.json"
         ds = self.dataset(_counters=counters, _quarantine=quarantine, _fitted=fitted)
         fit_stats = {f"{i}:{t.name}": t.stats() for i, t in enumerate(fitted) if t.stats()}
         max_frac = float(self.spec["max_error_fraction"])
@@ -635,18 +669,31 @@ class Pipeline:
             return write_parquet(
                 ds, target.uri, fingerprint=fp, overwrite=overwrite,
                 metadata={"pipeline": self.name, "seed": self.spec["seed"], "fit_stats": fit_stats,
-                      _rerun.PARTS_KEY: parts, **_rerun.inputs_metadata(inputs)},
-                before_commit=before_commit, **dict(sink.get("options") or {}), **storage,
+                          _rerun.PARTS_KEY: parts},
+                before_commit=before_commit, inputs=inputs, writer_id=writer, report=report_rel,
+                quarantine=quarantine_rel, **dict(sink.get("options") or {}), **storage,
             )
 
-        if progress:
-            from slicefeed.pipelines._progress import Progress
+        try:
+            if progress:
+                from slicefeed.pipelines._progress import Progress
 
-            with Progress(self.name, lambda: ray.get(counters.get.remote(), timeout=30),
-                          interval=progress_interval):
+                with Progress(self.name, lambda: ray.get(counters.get.remote(), timeout=30),
+                              interval=progress_interval):
+                    manifest = write()
+            else:
                 manifest = write()
-        else:
-            manifest = write()
+        except (CommitConflictError, AlreadyCommittedError) as e:
+            # Another run committed first (while this one wrote, or since the
+            # check above). Same pipeline over the same inputs: its result is
+            # this run's result.
+            ray.kill(counters)
+            version = getattr(e, "version", None)
+            if version is not None or isinstance(e, AlreadyCommittedError):
+                winner = read_manifest(target, version=version)
+                if winner.fingerprint == fp and winner.inputs == inputs:
+                    return _already_committed(self.name, target.uri, fp, winner)
+            raise
         wall = time.perf_counter() - t0
         c = ray.get(counters.get.remote())
         ray.kill(counters)
@@ -686,17 +733,20 @@ class Pipeline:
             run_id=manifest.metadata.get("run_id", ""),
             transforms=transform_rows(c), bytes_in_memory=int(c.get("bytes_out", 0)),
         )
-        out = target.join(REPORT_NAME)
-        out.fs.pipe_file(out.path, json.dumps(report.to_dict(), indent=2, default=str).encode())
+        doc = json.dumps(report.to_dict(), indent=2, default=str).encode()
+        write_atomic(target.join(report_rel), doc)
+        # Convenience copy for the latest commit; the manifest names the report.
+        write_atomic(target.join(REPORT_NAME), doc)
         return report
 
 
-def _remove(path: Any, *, recursive: bool = False) -> None:
-    try:
-        if path.fs.exists(path.path):
-            path.fs.rm(path.path, recursive=recursive)
-    except FileNotFoundError:
-        pass
+def _already_committed(name: str, uri: str, fp: str, m: Manifest) -> RunReport:
+    return RunReport(
+        name=name, status="already_committed", sink=uri, fingerprint=fp,
+        rows_read=0, rows_written=m.num_rows, rows_filtered=0, rows_skipped=0,
+        rows_quarantined=0, files=len(m.files), bytes_written=m.num_bytes,
+        wall_s=0.0, rows_per_s=0.0, run_id=m.metadata.get("run_id", ""),
+    )
 
 
 def _ray_stats(ds: ray.data.Dataset) -> str:

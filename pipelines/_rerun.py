@@ -18,10 +18,8 @@ with a message that says what changed and how to proceed.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -149,65 +147,3 @@ def what_changed(old_parts: Mapping[str, Any] | None, new_parts: Mapping[str, An
 def dated(uri: str) -> str:
     """``uri`` with a ``{date}`` folder (for the "how to proceed" hint)."""
     return uri if "{date}" in uri else uri.rstrip("/") + "/{date}"
-
-
-# -- the input listing ----------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class InputFile:
-    """One input file as listed when a run's fingerprint was computed.
-
-    ``generation`` is the GCS object generation, or the local modification
-    time in nanoseconds, as a string; None when the storage has neither.
-    """
-
-    uri: str
-    size: int | None
-    generation: str | None = None
-
-
-def list_inputs(sources: Sequence[tuple[str, str, Mapping[str, Any]]]) -> tuple[InputFile, ...]:
-    """The input listing of ``(uri, format, storage options)`` sources (no Ray).
-
-    A committed-dataset source (format ``dataset``) is listed as its
-    manifest (its fingerprint stands for its content).
-    """
-    from slicefeed.connectors import expand_paths, read_manifest, resolve_filesystem
-
-    out: list[InputFile] = []
-    for uri, fmt, storage in sources:
-        r = resolve_filesystem(uri, **dict(storage))
-        if fmt == "dataset":
-            m = read_manifest(r)
-            out.append(InputFile(r.uri, m.num_bytes, m.fingerprint or m.created_at))
-            continue
-        from slicefeed.connectors._formats import get_format
-
-        # The files the reader of this format reads (a directory listing
-        # keeps only the format's suffixes).
-        for p in expand_paths(r, suffixes=get_format(fmt).listing_suffixes):
-            info = r.fs.info(p)
-            gen = info.get("generation")
-            if gen is None and r.protocol == "file":
-                gen = os.stat(p).st_mtime_ns
-            elif gen is None:
-                gen = info.get("mtime") or info.get("updated")
-            size = info.get("size")
-            out.append(InputFile(r.to_uri(p),
-                                 None if size is None else int(size),
-                                 None if gen is None else str(gen)))
-    return tuple(out)
-
-
-def inputs_metadata(inputs: Sequence[InputFile]) -> dict[str, Any]:
-    """The listing as manifest metadata (what a rerun compares against)."""
-    return {"inputs": [[i.uri, i.size, i.generation] for i in inputs]}
-
-
-def stored_inputs(manifest: Any) -> tuple[InputFile, ...] | None:
-    """The input listing a committed manifest recorded, if any."""
-    raw = (manifest.metadata or {}).get("inputs")
-    if not isinstance(raw, list):
-        return None
-    return tuple(InputFile(str(u), s, g) for u, s, g in raw)
