@@ -265,12 +265,14 @@ def write_units(
         refs = [task.remote(target, u, writer_id, read, process, compression, row_group_size)
                 for u in todo]
         results: dict[int, dict[str, Any]] = dict(reused)
+        # Every task ends before anything is judged, so a failed run's cleanup
+        # below sees all the records and shards its tasks wrote.
+        if refs:
+            ray.wait(refs, num_returns=len(refs), fetch_local=False)
         try:
             for u, rec in zip(todo, ray.get(refs)):
                 results[u.index] = rec
         except ray.exceptions.RayTaskError as e:
-            for r in refs:
-                ray.cancel(r, force=True)
             cause = getattr(e, "cause", None)
             raise (cause if isinstance(cause, BaseException) else e) from None
         ordered = [results[u.index] for u in units]
