@@ -239,7 +239,9 @@ def test_sigkill_after_half_the_shards_rerun_reuses_them(ray_cluster, tmp_path, 
 
     raw = str(tmp_path / "raw data")
     _corpus(raw)
-    marker, release = str(tmp_path / "held"), str(tmp_path / "released")
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    marker, release = str(gate / "held"), str(gate / "released")
     second_half = [f"f{f:02d}" for f in range(N_FILES // 2, N_FILES)]
     sink, ref_sink = str(tmp_path / "out set"), str(tmp_path / "reference")
     path = tmp_path / "gate.yaml"
@@ -247,8 +249,7 @@ def test_sigkill_after_half_the_shards_rerun_reuses_them(ray_cluster, tmp_path, 
         "name": "gate",
         "source": {"format": "jsonl", "uri": raw},
         "transforms": [
-            {"test_gate": {"marker": marker, "release": release, "match": second_half,
-                           "seconds": 300}},
+            {"test_gate": {"folder": str(gate), "match": second_half, "seconds": 300}},
             {"cast": {"columns": {"id": "int32"}}},
         ],
         "sink": {"format": "parquet", "uri": sink},
@@ -284,6 +285,7 @@ def test_sigkill_after_half_the_shards_rerun_reuses_them(ray_cluster, tmp_path, 
     rc, out, err = _finish(_cli(["run", spec]))
     assert rc == 0, err
     m = read_manifest(sink)
+    assert m.fingerprint == reference.fingerprint
     report = json.loads(open(os.path.join(sink, "_report.json")).read())
     total = sum(os.path.getsize(os.path.join(raw, n)) for n in os.listdir(raw))
     assert report["shards_reused"] == finished, report
