@@ -43,6 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _benchlib import (  # noqa: E402
     COLUMNS,
     HERE,
+    LOADER_DTYPES,
     ROW_BYTES,
     SEQ_LEN,
     Consumer,
@@ -208,7 +209,10 @@ def case_slicefeed(cfg, meta, consume, extra) -> float:
 
     B = cfg["batch_size"]
     t0 = time.perf_counter()
-    loader = JaxLoader(meta["dir"], global_batch_size=B, num_epochs=1, **cfg.get("loader_kwargs", {}))
+    loader = JaxLoader(
+        meta["dir"], global_batch_size=B, num_epochs=1, dtypes=LOADER_DTYPES,
+        **cfg.get("loader_kwargs", {}),
+    )
     for batch in loader:
         consume(batch)
     st = loader.stats()

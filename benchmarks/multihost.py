@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _benchlib import (  # noqa: E402
     HERE,
+    LOADER_DTYPES,
     ROW_BYTES,
     Consumer,
     TreeRSSSampler,
@@ -71,7 +72,7 @@ def host_main(cfg: dict) -> None:
     consumer = Consumer(cfg["batch_size"] // cfg["hosts"])
     t0 = time.perf_counter()
     loader = JaxLoader(cfg["meta"]["dir"], global_batch_size=cfg["batch_size"], num_epochs=1,
-                       reader=cfg["reader"])
+                       reader=cfg["reader"], dtypes=LOADER_DTYPES)
     for batch in loader:
         consumer(batch)
     res = consumer.summary(t0)

@@ -19,8 +19,10 @@ Entries (private attribute -> fallback when it is gone):
   -> every node's total resources from the public ``ray.nodes()``.
 - :func:`dataset_meta_count` -- ``ray.data.Dataset._meta_count`` -> None (unknown).
 - :func:`jax_kv_client` -- ``jax._src.distributed.global_state.client`` -> None.
-- :func:`jax_sharding_1d` -- ``ray.data.util.jax_util._create_sharding_1d``
-  -> the same 1-D ``NamedSharding`` over ``jax.devices()`` built here.
+- :func:`dataset_preserving_order` -- ``Dataset._context`` (its own copy of the
+  DataContext) -> the copy keeps sharing the caller's context.
+- :func:`kv_try_get` -- the key-value client's ``key_value_try_get`` (non-blocking)
+  -> a 10 ms blocking get.
 - :func:`gcsfs_undecorated_request` -- ``gcsfs.GCSFileSystem._request.__wrapped__``
   -> None (callers keep gcsfs's own retry decorator).
 - :func:`quiet_ray_logging` -- the logger name of Ray's token-auth notice
@@ -41,8 +43,9 @@ __all__ = [
     "dataset_meta_count",
     "gcsfs_undecorated_request",
     "jax_kv_client",
+    "dataset_preserving_order",
+    "kv_try_get",
     "disable_ray_data_progress_bars",
-    "jax_sharding_1d",
     "quiet_ray_logging",
     "valid_tpu_topologies",
 ]
@@ -50,8 +53,6 @@ __all__ = [
 #: Library versions the private attributes below were checked on.
 CHECKED_VERSIONS = {"ray": "2.60.0", "jax": "0.10.2", "gcsfs": "2026.10.1"}
 
-#: Axis name of the 1-D device mesh Ray Data's ``iter_jax_batches`` shards over.
-MESH_1D_AXIS = "data"
 
 
 @functools.lru_cache(maxsize=1)
@@ -117,31 +118,6 @@ def jax_kv_client() -> Any | None:
     return getattr(state, "client", None)
 
 
-def jax_sharding_1d() -> Any:
-    """A 1-D ``NamedSharding`` over all devices, as Ray Data's JAX iterator builds it.
-
-    Ray's own helper is used when present (so the layout matches
-    ``iter_jax_batches``); otherwise the same construction is done here.
-    """
-    try:
-        from ray.data.util.jax_util import _GLOBAL_MESH_1D_AXIS, _create_sharding_1d
-    except ImportError:
-        _create_sharding_1d = None
-    if _create_sharding_1d is not None:
-        return _create_sharding_1d(_GLOBAL_MESH_1D_AXIS)
-    import jax
-    import numpy as np
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
-
-    try:
-        from jax.experimental import mesh_utils
-
-        devices = mesh_utils.create_device_mesh((jax.device_count(),))
-    except Exception:  # noqa: BLE001 - topology-aware order is an optimisation
-        devices = np.array(jax.devices())
-    return NamedSharding(Mesh(devices, (MESH_1D_AXIS,)), PartitionSpec(MESH_1D_AXIS))
-
-
 def gcsfs_undecorated_request() -> Callable[..., Any] | None:
     """``GCSFileSystem._request`` without gcsfs's retry decorator, or None.
 
@@ -185,3 +161,31 @@ def disable_ray_data_progress_bars() -> None:
 
     DataContext.get_current().enable_progress_bars = False
     log_once("ray_data_progress_manager_disabled")
+
+
+def dataset_preserving_order(ds: Any) -> Any:
+    """A copy of ``ds`` whose execution keeps block order, without changing the
+    caller's Dataset or the global DataContext."""
+    import ray.data
+
+    out = ray.data.Dataset.copy(ds)
+    if hasattr(out, "_context"):
+        # copy() shares the context object; give the copy its own.
+        out._context = out.context.copy()
+    out.context.execution_options.preserve_order = True
+    return out
+
+
+def kv_try_get(client: Any, key: str) -> str | None:
+    """The value of ``key`` in JAX's key-value store if set, else None; never blocks
+    for long (a waiting loop can then notice a stop request)."""
+    try_get = getattr(client, "key_value_try_get", None)
+    if try_get is None:
+        try:
+            return client.blocking_key_value_get(key, 10)
+        except Exception:  # noqa: BLE001 - not set yet
+            return None
+    try:
+        return try_get(key)
+    except Exception:  # noqa: BLE001 - not set yet (jaxlib raises NOT_FOUND)
+        return None

@@ -18,7 +18,7 @@ class SpecError(SlicefeedError, ValueError):
 
 
 class NotCommittedError(SlicefeedError, FileNotFoundError):
-    """A prefix holds no committed dataset (no ``_manifest.json``)."""
+    """A prefix holds no committed dataset (no manifest version), or not the version asked for."""
 
 
 class AlreadyCommittedError(SlicefeedError, FileExistsError):
@@ -31,6 +31,30 @@ class CorruptFileError(SlicefeedError, OSError):
 
 class BadRecordError(SlicefeedError, ValueError):
     """A record failed validation or a transform. The message names file and row."""
+
+
+class CorruptManifestError(SlicefeedError, ValueError):
+    """A manifest does not validate (bad JSON, paths, counts or schema). Names the file."""
+
+
+class CommitConflictError(SlicefeedError, RuntimeError):
+    """Another writer committed the version this writer tried to create.
+
+    ``version`` is the version the other writer won (read it with
+    ``read_manifest(uri, version=...)``); this writer committed nothing and
+    removed its own shards.
+    """
+
+    def __init__(self, message: str, version: int | None = None):
+        super().__init__(message)
+        self.version = version
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.version))
+
+
+class ShardMismatchError(SlicefeedError, OSError):
+    """A shard differs from what its manifest records (size, checksum, rows). Names it."""
 
 
 class MissingColumnError(SpecError, KeyError):

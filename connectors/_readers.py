@@ -351,6 +351,29 @@ class TextDatasource(_SlicefeedFileDatasource):
         yield self._bad_rows(path, bad_rows, reasons, raw)
 
 
+def shard_files(files: list, shard: tuple[int, int] | None, *, uri: str) -> list:
+    """Files ``index::count`` of ``files`` (sorted) for ``shard=(index, count)``:
+    each of ``count`` processes reads whole, disjoint files.
+
+    Raises:
+        SpecError: a bad shard, or fewer files than shards.
+    """
+    if shard is None:
+        return files
+    index, count = shard
+    if not (isinstance(index, int) and isinstance(count, int) and 0 <= index < count):
+        raise SpecError(
+            f"{uri}: shard must be (index, count) with 0 <= index < count, got {shard!r}."
+        )
+    if len(files) < count:
+        raise SpecError(
+            f"{uri}: {len(files)} input file(s) cannot be split over {count} hosts (each host "
+            f"reads whole files); split the input into at least {count} files, or write a "
+            "committed dataset (write_parquet) and load its URI."
+        )
+    return files[index::count]
+
+
 def _read(
     fmt: str,
     uri: str | os.PathLike[str],
@@ -363,9 +386,10 @@ def _read(
     ray_kwargs: dict[str, Any],
     datasource_kwargs: dict[str, Any] | None = None,
     mark_errors: bool = False,
+    shard: tuple[int, int] | None = None,
 ) -> ray.data.Dataset:
     source = resolve_filesystem(uri, **fs_kwargs)
-    paths = expand_paths(source, suffixes=suffixes)
+    paths = shard_files(expand_paths(source, suffixes=suffixes), shard, uri=source.uri)
     ds_cls: type[_SlicefeedFileDatasource] = globals()[get_format(fmt).datasource]
     datasource = ds_cls(
         paths,
@@ -394,6 +418,7 @@ def read_parquet(
     shuffle_seed: int | None = None,
     provenance: bool = False,
     mark_errors: bool = False,
+    shard: tuple[int, int] | None = None,
     **kwargs: Any,
 ) -> ray.data.Dataset:
     """Lazily reads Parquet files: a file, a directory (recursively) or a glob.
@@ -404,6 +429,8 @@ def read_parquet(
         shuffle_seed: If set, file order is shuffled with this seed (Ray's
             ``FileShuffleConfig``); the same seed gives the same order.
         provenance: Add ``_sf_file`` and ``_sf_row`` columns (row identity).
+        shard: ``(index, count)``: read only files ``index::count`` of the sorted
+            file list (one host's deterministic share of whole files).
         mark_errors: With ``provenance``: instead of raising, a record that
             cannot be decoded (or a whole unreadable file, with a null
             ``_sf_row``) becomes a row whose ``_sf_error`` holds the reason
@@ -428,6 +455,7 @@ def read_parquet(
     return _read(
         "parquet", uri, columns=columns, shuffle_seed=shuffle_seed, provenance=provenance,
         suffixes=FORMATS["parquet"].listing_suffixes, mark_errors=mark_errors, fs_kwargs=fs_kwargs, ray_kwargs=ray_kwargs,
+        shard=shard,
     )
 
 
@@ -438,6 +466,7 @@ def read_jsonl(
     shuffle_seed: int | None = None,
     provenance: bool = False,
     mark_errors: bool = False,
+    shard: tuple[int, int] | None = None,
     **kwargs: Any,
 ) -> ray.data.Dataset:
     """Lazily reads newline-delimited JSON (one object per line).
@@ -450,6 +479,7 @@ def read_jsonl(
         "jsonl", uri, columns=columns, shuffle_seed=shuffle_seed, provenance=provenance,
         suffixes=FORMATS["jsonl"].listing_suffixes,
         mark_errors=mark_errors, fs_kwargs=fs_kwargs, ray_kwargs=ray_kwargs,
+        shard=shard,
     )
 
 
@@ -461,6 +491,7 @@ def read_csv(
     provenance: bool = False,
     delimiter: str | None = None,
     mark_errors: bool = False,
+    shard: tuple[int, int] | None = None,
     **kwargs: Any,
 ) -> ray.data.Dataset:
     """Lazily reads CSV files with a header row (types inferred by pyarrow).
@@ -473,6 +504,7 @@ def read_csv(
         "csv", uri, columns=columns, shuffle_seed=shuffle_seed, provenance=provenance,
         suffixes=FORMATS["csv"].listing_suffixes, mark_errors=mark_errors, fs_kwargs=fs_kwargs, ray_kwargs=ray_kwargs,
         datasource_kwargs={"delimiter": delimiter},
+        shard=shard,
     )
 
 
@@ -483,6 +515,7 @@ def read_text(
     provenance: bool = False,
     drop_empty_lines: bool = False,
     mark_errors: bool = False,
+    shard: tuple[int, int] | None = None,
     **kwargs: Any,
 ) -> ray.data.Dataset:
     """Lazily reads UTF-8 text files, one row per line, into a ``text`` column.
@@ -496,6 +529,7 @@ def read_text(
         "text", uri, columns=None, shuffle_seed=shuffle_seed, provenance=provenance,
         suffixes=FORMATS["text"].listing_suffixes, mark_errors=mark_errors, fs_kwargs=fs_kwargs, ray_kwargs=ray_kwargs,
         datasource_kwargs={"drop_empty_lines": drop_empty_lines},
+        shard=shard,
     )
 
 

@@ -29,18 +29,27 @@ from slicefeed.connectors import (
     ERROR_COLUMN,
     PROVENANCE_FILE,
     PROVENANCE_ROW,
+    QUARANTINE_DIR,
     RAW_COLUMN,
     REPORT_NAME,
+    REPORTS_DIR,
     AlreadyCommittedError,
     BadRecordError,
+    CommitConflictError,
+    CorruptManifestError,
+    InputFile,
     Manifest,
     MissingColumnError,
     SpecError,
+    check_sink_outside_sources,
     is_committed,
+    list_inputs,
+    new_writer_id,
     peek_schema,
     read_dataset,
     read_manifest,
     resolve_filesystem,
+    write_atomic,
     write_parquet,
 )
 from slicefeed.connectors._formats import get_format
@@ -52,7 +61,6 @@ from slicefeed.pipelines._spec import (
     validate_spec,
 )
 
-QUARANTINE_DIR = "_quarantine"
 
 
 def _versions() -> dict[str, str]:
@@ -426,8 +434,21 @@ class Pipeline:
 
         #: Rows taken from each source of a mixture (``sources:``), once built.
         self.mixture_counts: dict[str, int] = {}
-        self.transforms = [transform_from_spec(item).with_seed(self.spec.seed)
-                           for item in self.spec.transforms]
+        self.transforms = [
+            self._bind_storage(transform_from_spec(item).with_seed(self.spec.seed))
+            for item in self.spec.transforms
+        ]
+
+    def _bind_storage(self, t: Any) -> Any:
+        """Transforms that read files themselves (``decode_image`` paths) read them
+        on a source's filesystem with that source's storage options."""
+        bind = getattr(t, "with_source_storage", None)
+        if bind is None:
+            return t
+        try:
+            return bind([(s.uri, dict(s.storage)) for s in self.spec.sources])
+        except SpecError as e:
+            raise SpecError(f"{self.source_name}: {e}") from None
 
     @property
     def name(self) -> str:
@@ -446,14 +467,14 @@ class Pipeline:
 
         return mixture_report(self.mixture_counts, [s.weight for s in self.spec.sources])
 
-    def _read_source(self, src: SourceSpec) -> ray.data.Dataset:
+    def _read_source(self, src: SourceSpec, shard: tuple[int, int] | None = None) -> ray.data.Dataset:
         opts = dict(src.options)
         if src.format == "dataset":
-            return read_dataset(src.uri, provenance=True, **opts, **src.storage)
+            return read_dataset(src.uri, provenance=True, shard=shard, **opts, **src.storage)
         reader = getattr(connectors, get_format(src.format).reader)
         return reader(
             src.uri, provenance=True, mark_errors=self.spec.on_error != "fail",
-            **opts, **src.storage,
+            shard=shard, **opts, **src.storage,
         )
 
     def source_schema(self) -> pa.Schema:
@@ -496,13 +517,34 @@ class Pipeline:
             out.append(entry)
         return out
 
-    def check(self) -> pa.Schema:
-        """Checks the transforms against the source schema; returns the output schema.
+    def check_sink(self) -> None:
+        """Refuses a sink that equals, contains or lies inside a source (no storage access).
 
         Raises:
-            SpecError: naming the transform and the missing/mistyped column.
+            SpecError: naming the sink and the source.
+        """
+        if self.spec.sink is not None:
+            check_sink_outside_sources(
+                self.spec.sink.uri, [s.uri for s in self.spec.sources], where=self.source_name,
+            )
+
+    def input_listing(self) -> tuple[InputFile, ...]:
+        """The input files (path, size, generation or mtime) this run reads, as listed now.
+
+        Stored in the manifest beside the fingerprint.
+        """
+        return list_inputs([(s.uri, s.format, dict(s.storage)) for s in self.spec.sources])
+
+    def check(self) -> pa.Schema:
+        """Checks the sink and the transforms against the source schema; returns the output schema.
+
+        Raises:
+            SpecError: naming the transform and the missing/mistyped column,
+                or a sink that overlaps a source.
         """
         from slicefeed.transforms import check_transforms
+
+        self.check_sink()
 
         schema = self.source_schema()
         try:
@@ -513,15 +555,16 @@ class Pipeline:
 
     # -- the dataset --------------------------------------------------------------
 
-    def _build(self, transforms: Sequence[Any], *, counters: Any = None, quarantine: Any = None) -> ray.data.Dataset:
+    def _build(self, transforms: Sequence[Any], *, counters: Any = None, quarantine: Any = None,
+               shard: tuple[int, int] | None = None) -> ray.data.Dataset:
         srcs = self.spec.sources
         if len(srcs) == 1:
-            ds = self._read_source(srcs[0])
+            ds = self._read_source(srcs[0], shard)
         else:
             from slicefeed.pipelines._mixture import interleave
 
             ds, self.mixture_counts = interleave(
-                {n: self._read_source(s) for n, s in zip(self.spec.source_names, srcs)},
+                {n: self._read_source(s, shard) for n, s in zip(self.spec.source_names, srcs)},
                 [s.weight for s in srcs],
                 seed=self.spec.seed,
             )
@@ -567,22 +610,29 @@ class Pipeline:
             fitted.append(t)
         return fitted
 
-    def dataset(self, *, keep_provenance: bool = False) -> ray.data.Dataset:
+    def dataset(self, *, keep_provenance: bool = False,
+                shard: tuple[int, int] | None = None) -> ray.data.Dataset:
         """The lazy ``ray.data.Dataset`` this pipeline produces (nothing is written).
 
-        Transforms that need statistics (``needs_fit``) are fitted here, which
-        runs the pipeline up to them once.
+        Transforms that need statistics (``needs_fit``) are fitted here, on all
+        of the input (also with ``shard``), which runs the pipeline up to them once.
 
         Args:
             keep_provenance: Keep the ``_sf_file``/``_sf_row`` row-identity columns.
+            shard: ``(index, count)``: only input files ``index::count`` of every
+                source (sorted): one host's deterministic share of whole files.
+
+        Raises:
+            SpecError: a source with fewer files than ``count``.
         """
         self.check()
-        return self._dataset(self._fitted(), keep_provenance=keep_provenance)
+        return self._dataset(self._fitted(), keep_provenance=keep_provenance, shard=shard)
 
     def _dataset(self, fitted: Sequence[Any], *, keep_provenance: bool = False,
-                 counters: Any = None, quarantine: Any = None) -> ray.data.Dataset:
+                 counters: Any = None, quarantine: Any = None,
+                 shard: tuple[int, int] | None = None) -> ray.data.Dataset:
         """:meth:`dataset` from already fitted transforms, reporting to ``counters``."""
-        ds = self._build(fitted, counters=counters, quarantine=quarantine)
+        ds = self._build(fitted, counters=counters, quarantine=quarantine, shard=shard)
         if not keep_provenance:
             ds = ds.map_batches(_drop_provenance if counters is None else _Output(counters),
                                 batch_format="pyarrow", zero_copy_batch=True)
@@ -621,18 +671,21 @@ class Pipeline:
         if sink is None:
             raise SpecError(f"{self.source_name}: missing required key 'sink' (format and uri) "
                             "to run; use dataset() for a pipeline without a sink.")
+        self.check_sink()
         storage = dict(sink.storage)
         target = resolve_filesystem(sink.uri, **storage)
         fp = self.fingerprint
+        existing = None
         if is_committed(target):
-            existing = read_manifest(target)
+            try:
+                existing = read_manifest(target)
+            except CorruptManifestError:
+                # An overwrite replaces it (the writer keeps the bad file aside).
+                if not overwrite:
+                    raise
+        if existing is not None:
             if existing.fingerprint == fp and not overwrite:
-                return RunReport(
-                    name=self.name, status="already_committed", sink=target.uri, fingerprint=fp,
-                    rows_read=0, rows_written=existing.num_rows, rows_filtered=0, rows_skipped=0,
-                    rows_quarantined=0, files=len(existing.files), bytes_written=existing.num_bytes,
-                    wall_s=0.0, rows_per_s=0.0, run_id=existing.metadata.get("run_id", ""),
-                )
+                return _already_committed(self.name, target.uri, fp, existing)
             if not overwrite:
                 raise AlreadyCommittedError(
                     f"{target.uri} already holds a committed dataset written by another pipeline "
@@ -641,13 +694,16 @@ class Pipeline:
                 )
         t0 = time.perf_counter()
         self.check()
+        inputs = self.input_listing()
         fitted = self._fitted()
         counters = _Counters.remote()
-        quarantine = target.join(QUARANTINE_DIR) if self.spec.on_error == "quarantine" else None
-        # What a crashed or replaced run left beside the data must not be
-        # mistaken for this run's: its quarantine and its report go first.
-        _remove(target.join(QUARANTINE_DIR), recursive=True)
-        _remove(target.join(REPORT_NAME))
+        # Everything this run writes beside the data is named by its writer id
+        # and recorded in its manifest version: a failed or losing run leaves
+        # the committed version's report and quarantine alone.
+        writer = new_writer_id()
+        quarantine_rel = f"{QUARANTINE_DIR}/{writer}" if self.spec.on_error == "quarantine" else None
+        quarantine = target.join(quarantine_rel) if quarantine_rel else None
+        report_rel = f"{REPORTS_DIR}/{writer}.json"
         ds = self._dataset(fitted, counters=counters, quarantine=quarantine)
         fit_stats = {f"{i}:{t.name}": t.stats() for i, t in enumerate(fitted) if t.stats()}
         max_frac = self.spec.max_error_fraction
@@ -666,17 +722,30 @@ class Pipeline:
             return write_parquet(
                 ds, target.uri, fingerprint=fp, overwrite=overwrite,
                 metadata={"pipeline": self.name, "seed": self.spec.seed, "fit_stats": fit_stats},
-                before_commit=before_commit, **dict(sink.options), **storage,
+                before_commit=before_commit, inputs=inputs, writer_id=writer, report=report_rel,
+                quarantine=quarantine_rel, **dict(sink.options), **storage,
             )
 
-        if progress:
-            from slicefeed.pipelines._progress import Progress
+        try:
+            if progress:
+                from slicefeed.pipelines._progress import Progress
 
-            with Progress(self.name, lambda: ray.get(counters.get.remote(), timeout=30),
-                          interval=progress_interval):
+                with Progress(self.name, lambda: ray.get(counters.get.remote(), timeout=30),
+                              interval=progress_interval):
+                    manifest = write()
+            else:
                 manifest = write()
-        else:
-            manifest = write()
+        except (CommitConflictError, AlreadyCommittedError) as e:
+            # Another run committed first (while this one wrote, or since the
+            # check above). Same pipeline over the same inputs: its result is
+            # this run's result.
+            ray.kill(counters)
+            version = getattr(e, "version", None)
+            if version is not None or isinstance(e, AlreadyCommittedError):
+                winner = read_manifest(target, version=version)
+                if winner.fingerprint == fp and winner.inputs == inputs:
+                    return _already_committed(self.name, target.uri, fp, winner)
+            raise
         wall = time.perf_counter() - t0
         c: StageCounts = ray.get(counters.get.remote())
         ray.kill(counters)
@@ -711,17 +780,20 @@ class Pipeline:
             run_id=manifest.metadata.get("run_id", ""),
             transforms=c.transform_rows(), bytes_in_memory=c.bytes_out,
         )
-        out = target.join(REPORT_NAME)
-        out.fs.pipe_file(out.path, json.dumps(report.to_dict(), indent=2, default=str).encode())
+        doc = json.dumps(report.to_dict(), indent=2, default=str).encode()
+        write_atomic(target.join(report_rel), doc)
+        # Convenience copy for the latest commit; the manifest names the report.
+        write_atomic(target.join(REPORT_NAME), doc)
         return report
 
 
-def _remove(path: Any, *, recursive: bool = False) -> None:
-    try:
-        if path.fs.exists(path.path):
-            path.fs.rm(path.path, recursive=recursive)
-    except FileNotFoundError:
-        pass
+def _already_committed(name: str, uri: str, fp: str, m: Manifest) -> RunReport:
+    return RunReport(
+        name=name, status="already_committed", sink=uri, fingerprint=fp,
+        rows_read=0, rows_written=m.num_rows, rows_filtered=0, rows_skipped=0,
+        rows_quarantined=0, files=len(m.files), bytes_written=m.num_bytes,
+        wall_s=0.0, rows_per_s=0.0, run_id=m.metadata.get("run_id", ""),
+    )
 
 
 def _ray_stats(ds: ray.data.Dataset) -> str:

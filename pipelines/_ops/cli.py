@@ -133,6 +133,19 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_vacuum(args: argparse.Namespace) -> int:
+    from slicefeed.connectors import vacuum
+
+    r = vacuum(args.uri, retain_hours=args.retain_hours)
+    if args.json:
+        print(json.dumps(r.to_dict(), indent=2))
+        return EXIT_OK
+    removed = ", ".join(map(str, r.versions_removed)) or "none"
+    print(f"{r.uri}: current version {r.current}; removed versions: {removed}; kept: "
+          f"{', '.join(map(str, r.versions_kept))}; removed {len(r.files_removed)} files.")
+    return EXIT_OK
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from slicefeed.connectors import is_committed, read_manifest, resolve_filesystem
     from slicefeed.pipelines._ops.demo import demo_spec, feed_jax, write_corpus
@@ -204,6 +217,18 @@ def output_flags(p: argparse.ArgumentParser, *, default: Any) -> None:
                    help="also show Ray's own log lines and progress bars")
 
 
+def _non_negative_hours(text: str) -> float:
+    import math
+
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not (math.isfinite(v) and v >= 0):
+        raise argparse.ArgumentTypeError(f"must be a number of hours >= 0, got {text[:40]!r}")
+    return v
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="slicefeed",
@@ -252,6 +277,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print as JSON")
     p.add_argument("--max-files", type=int, default=20, help="files to list (default 20)")
     p.set_defaults(handler=_cmd_inspect)
+
+    p = sub.add_parser("vacuum", help="remove old versions of a committed dataset and files "
+                       "no retained version lists")
+    common(p)
+    p.add_argument("uri", help="a committed dataset prefix")
+    p.add_argument("--retain-hours", type=_non_negative_hours, default=7 * 24.0, metavar="H",
+                   help="keep versions superseded less than H hours ago (default 168 = 7 days); "
+                        "the current version is always kept")
+    p.add_argument("--json", action="store_true", help="print what was removed as JSON")
+    p.set_defaults(handler=_cmd_vacuum)
 
     p = sub.add_parser("demo", help="generate a small corpus locally and run the built-in pipeline")
     common(p, ray_=True)

@@ -52,10 +52,26 @@ def test_jax_kv_client_is_none_without_distributed(jax_cpu):
     assert _compat.jax_kv_client() is None
 
 
-def test_jax_sharding_1d(jax_cpu):
-    s = _compat.jax_sharding_1d()
-    assert s.mesh.devices.size == jax_cpu.device_count()
-    assert len(s.mesh.axis_names) == 1
+def test_dataset_preserving_order(ray_cluster):
+    import ray
+
+    ds = ray.data.from_arrow(pa.table({"a": [1, 2, 3]}))
+    before = ds.context.execution_options.preserve_order
+    out = _compat.dataset_preserving_order(ds)
+    assert out.context.execution_options.preserve_order
+    assert ds.context.execution_options.preserve_order == before  # caller's untouched
+    assert out.take_all() == [{"a": 1}, {"a": 2}, {"a": 3}]
+
+
+def test_kv_try_get_never_blocks():
+    class Client:  # the jaxlib client's interface: NOT_FOUND raises
+        def key_value_try_get(self, key):
+            if key != "k":
+                raise RuntimeError("NOT_FOUND")
+            return "v"
+
+    assert _compat.kv_try_get(Client(), "k") == "v"
+    assert _compat.kv_try_get(Client(), "missing") is None
 
 
 def test_gcsfs_undecorated_request():

@@ -63,7 +63,10 @@ def main():
     }
     report = {}
     for name, (src, remainder) in cases.items():
-        loader = JaxLoader(src, global_batch_size=16, remainder=remainder, num_epochs=2)
+        # Each host's Dataset holds its own rows (a URI is split by the loader).
+        own_rows = not isinstance(src, str)
+        loader = JaxLoader(src, global_batch_size=16, remainder=remainder, num_epochs=2,
+                           host_local=own_rows)
         epochs = {}
         sums = []
         for batch in loader:

@@ -52,6 +52,8 @@ def train_loop(config: dict) -> None:
         global_batch_size=GLOBAL_BATCH,
         remainder="pad",
         num_epochs=1,
+        # JSON numbers are int64 / float64; JAX without x64 needs them cast.
+        dtypes={"id": "int32", "x": "float32", "y": "float32"},
         state=state,
         sync_timeout_s=120,
     )

@@ -103,8 +103,14 @@ def _spec(base: str, corpus: dict, **kw) -> dict:
     return spec
 
 
-def _quarantined(sink: str) -> list[dict]:
-    q = resolve_filesystem(f"{sink}/_quarantine")
+def _quarantined(sink: str, version: int | None = None) -> list[dict]:
+    """The quarantined records of the run that committed ``version`` (default current)."""
+    from slicefeed.connectors import read_manifest
+
+    m = read_manifest(sink, version=version)
+    if m.quarantine is None:
+        return []
+    q = resolve_filesystem(f"{sink}/{m.quarantine}")
     if not q.fs.exists(q.path):
         return []
     rows = []
@@ -263,3 +269,12 @@ def test_replaced_run_leaves_no_stale_quarantine(ray_cluster, local_dir):
     r = Pipeline(_spec(local_dir, corpus, on_error="skip")).run(overwrite=True)
     assert r.rows_skipped == 1
     assert _quarantined(f"{local_dir}/out") == []
+    # The replaced version keeps its own quarantine until vacuum removes the version.
+    assert len(_quarantined(f"{local_dir}/out", version=1)) == 1
+    import time
+
+    from slicefeed.connectors import vacuum
+
+    vacuum(f"{local_dir}/out", retain_hours=0, now=time.time() + 1)
+    q = resolve_filesystem(f"{local_dir}/out/_quarantine")
+    assert not q.fs.exists(q.path) or not q.fs.find(q.path)

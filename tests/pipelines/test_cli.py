@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import yaml
+from slicefeed.connectors import is_committed
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -60,7 +61,7 @@ def test_demo_runs_twice_and_feeds_jax(tmp_path):
     # The trainer's path: the committed dataset through a JaxLoader on this machine's devices.
     assert "to a JaxLoader on 1 JAX device(s) (cpu), global_batch_size=16:" in r.stdout
     assert "  tokens: shape (16, 2048) int32, NamedSharding(mesh {'data': 1}" in r.stdout
-    assert os.path.exists(os.path.join(out_dir, "out", "_manifest.json"))
+    assert is_committed(os.path.join(out_dir, "out"))
     r = slicefeed("inspect", os.path.join(out_dir, "out"), "--json")
     assert r.returncode == 0, r.stderr
     info = json.loads(r.stdout)

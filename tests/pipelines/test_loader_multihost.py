@@ -64,3 +64,60 @@ def test_two_hosts_unequal_shards(committed, ray_address, tmp_path):
     assert reports[0]["known-pad"]["steps_per_epoch"] == -(-61 // 8)
     assert len(reports[0]["unknown-pad"]["sums"]) == 2 * -(-61 // 8)
     assert len(reports[0]["unknown-drop"]["sums"]) == 2 * (37 // 8)
+
+
+def test_close_returns_while_an_exchange_waits(ray_address, tmp_path):
+    """close() returns within a second while the prefetch thread waits for a host
+    that never reports (the key-value wait polls; a blocking get cannot be interrupted)."""
+    port = free_port()
+    out = str(tmp_path / "close.json")
+    procs = [
+        run_worker(
+            "_close_worker.py",
+            {"coordinator": f"127.0.0.1:{port}", "process_id": pid,
+             "address": ray_address, "out": out},
+            env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"},
+        )
+        for pid in range(2)
+    ]
+    wait_all(procs, timeout=240)
+    r = json.load(open(out))
+    assert r["close_s"] < 1.0, r
+    assert r["consumer_returned"] and r["next"] == "StopIteration", r
+    assert r["threads_left"] == [], r
+
+
+def test_pipeline_split_per_host_and_shared_dataset_refused(ray_address, tmp_path):
+    """Every host passes the same Pipeline: each row once per epoch across hosts
+    (split by input files); the same ray.data.Dataset on every host is refused."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    sizes = [7, 12, 5, 9, 11]  # 44 rows in 5 files: host 0 reads 3 files, host 1 two
+    start = 0
+    for f, n in enumerate(sizes):
+        (raw / f"f{f}.jsonl").write_text(
+            "".join(json.dumps({"id": i, "t": "x"}) + "\n" for i in range(start, start + n))
+        )
+        start += n
+    port = free_port()
+    outs = [str(tmp_path / f"split{pid}.json") for pid in range(2)]
+    procs = [
+        run_worker(
+            "_split_worker.py",
+            {"coordinator": f"127.0.0.1:{port}", "process_id": pid,
+             "address": ray_address, "raw": str(raw), "out": outs[pid]},
+            env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"},
+        )
+        for pid in range(2)
+    ]
+    wait_all(procs, timeout=300)
+    r0, r1 = (json.load(open(o)) for o in outs)
+    assert r0["steps"] == r1["steps"] > 0
+    for epoch in ("0", "1"):
+        ids = r0["epochs"][epoch] + r1["epochs"][epoch]
+        assert sorted(ids) == list(range(sum(sizes))), epoch  # each row exactly once
+    for r in (r0, r1):
+        err = r["dataset_error"] or ""
+        assert err.startswith("SpecError") and "2 JAX processes" in err, err
+        assert "committed" in err and "Pipeline" in err and "get_dataset_shard" in err, err
+        assert "host_local=True" in err, err

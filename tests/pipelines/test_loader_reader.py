@@ -23,9 +23,9 @@ def committed(local_dir):
 @pytest.fixture
 def small_windows(monkeypatch):
     """Windows of ~20 rows (rows are 48 bytes) so batches span windows and files."""
-    from slicefeed.pipelines import _loader
+    from slicefeed.pipelines._loader import _jaxloader
 
-    monkeypatch.setattr(_loader, "_WINDOW_TARGET_BYTES", 48 * 20)
+    monkeypatch.setattr(_jaxloader, "WINDOW_TARGET_BYTES", 48 * 20)
 
 
 def _collect(loader):

@@ -71,7 +71,9 @@ def test_decode_paths(tmp_path):
     a = _pixels(8, 9, 1)
     p = tmp_path / "with space.png"
     p.write_bytes(_encode(a))
-    out = DecodeImage(column="path", output="image")(pa.table({"path": [str(p)]}))
+    out = DecodeImage(column="path", output="image", root=str(tmp_path))(
+        pa.table({"path": ["with space.png"]})
+    )
     np.testing.assert_array_equal(read_images(out.column("image"))[0][0], a)
 
 
@@ -92,7 +94,7 @@ def test_bad_images_follow_bad_record_policy(tmp_path):
     assert "0x" not in reasons[0]  # reproducible text (no object addresses)
     with pytest.raises(Exception, match=r"bad record at file 'imgs/part-0.parquet' row 1"):
         apply_transforms(tbl, [DecodeImage()])
-    missing = DecodeImage(column="p")(pa.table({"p": [str(tmp_path / "nope.png")]}))
+    missing = DecodeImage(column="p", root=str(tmp_path))(pa.table({"p": ["nope.png"]}))
     assert "DecodeImage: cannot decode image in column 'p' (path" in missing.column(ERROR_COLUMN)[0].as_py()
 
 
@@ -229,9 +231,27 @@ def test_image_schema_errors():
 
 def test_decode_with_size_equals_decode_then_resize():
     tbl, _ = _table(5)
-    fused = DecodeImage(height=12, width=10)(tbl)
+    fused = DecodeImage(height=12, width=10, draft=False)(tbl)
     two = Resize(height=12, width=10)(DecodeImage()(tbl))
     assert fused.schema == DecodeImage(height=12, width=10).output_schema(tbl.schema) == two.schema
     assert fused.column("image").equals(two.column("image"))
+    # PNGs are never drafted: bit-exact with the default too.
+    drafted = read_images(DecodeImage(height=12, width=10)(tbl).column("image"))[0]
+    np.testing.assert_array_equal(drafted[1::2], read_images(two.column("image"))[0][1::2])
     with pytest.raises(SpecError, match=r"DecodeImage: give both height and width"):
         DecodeImage(height=3)
+
+
+def test_jpeg_draft_decoding_stays_within_tolerance_of_full_decode():
+    """draft lets libjpeg decode at 1/2..1/8 scale before the resize: faster, and
+    on smooth content within a couple of levels of a full-size decode + resize."""
+    h, w = 300, 400
+    y, x = np.mgrid[0:h, 0:w]
+    a = np.stack([x * 255 // w, y * 255 // h, (x + y) * 255 // (h + w)], -1).astype(np.uint8)
+    tbl = pa.table({"image": [_encode(a, "JPEG")]})
+    fast = read_images(DecodeImage(height=60, width=80)(tbl).column("image"))[0].astype(int)
+    full = read_images(DecodeImage(height=60, width=80, draft=False)(tbl).column("image"))[0]
+    assert fast.shape == full.shape == (1, 60, 80, 3)
+    diff = np.abs(fast - full.astype(int))
+    assert diff.mean() <= 2.0 and diff.max() <= 16, (diff.mean(), diff.max())
+    assert not (diff == 0).all()  # draft did change the decode path

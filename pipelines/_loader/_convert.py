@@ -1,4 +1,4 @@
-"""Arrow -> NumPy column conversion for the JAX loader (no jax import here).
+"""Arrow -> NumPy column conversion with the loader's dtype rules (no jax import).
 
 Every conversion is a view of Arrow's buffers where Arrow allows one:
 
@@ -16,6 +16,23 @@ pyarrow ``fixed_shape_tensor``   ``(n, *shape)`` view of the values (0)
 string / binary / struct / ...   refused (:class:`SpecError`)
 ===============================  =========================================
 
+Dtype rules (decided from the schema, before any read):
+
+- JAX without ``jax_enable_x64`` keeps 32 bits: an ``int64`` / ``uint64`` /
+  ``float64`` column is refused unless ``dtypes`` names a 32-bit (or smaller)
+  type for it or x64 is enabled; a ``dtypes`` target of 64 bits needs x64 too.
+- A ``dtypes`` cast is range-checked on the host: an integer outside the
+  target's range, a non-finite float cast to an integer, or a finite float
+  beyond the target float's range is a :class:`SpecError` naming the column,
+  the row and the value. Rounding to a narrower float within range is allowed
+  (round to nearest even, as ``jnp.asarray(x, dtype)``); a float cast to an
+  integer truncates toward zero.
+- A field that follows the bfloat16 storage convention (``uint16`` bits with
+  ``slicefeed.dtype: bfloat16`` metadata) is delivered as bfloat16 through a
+  zero-copy ``.view()`` of its bits.
+- ``pad_values`` applies to every column kind (padding of a partial batch,
+  and within-row padding of variable-length lists); it must fit the output dtype.
+
 A column made of several chunks (a batch spanning Ray blocks) is concatenated
 once (1 copy); a host-side ``dtypes`` cast is one more copy (``astype``);
 padding a partial final batch copies that batch once.
@@ -24,12 +41,13 @@ padding a partial final batch copies that batch once.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import pyarrow as pa
 
 from slicefeed.connectors import MissingColumnError, SpecError
+from slicefeed.transforms import is_bfloat16_field
 
 MASK_KEY = "mask"
 
@@ -45,6 +63,22 @@ def resolve_dtype(dtype: Any) -> np.dtype:
     except TypeError:
         # jax.numpy scalar types (jnp.bfloat16, jnp.int32) expose .dtype
         return np.dtype(getattr(dtype, "dtype", dtype))
+
+
+def _bfloat16() -> np.dtype:
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def _is_float(dt: np.dtype) -> bool:
+    return dt.kind == "f" or dt == _bfloat16()
+
+
+def _float_max(dt: np.dtype) -> float:
+    import ml_dtypes
+
+    return float(ml_dtypes.finfo(dt).max)
 
 
 def _storage_of(t: pa.DataType) -> pa.DataType:
@@ -73,9 +107,18 @@ def _is_numeric(t: pa.DataType) -> bool:
     return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
 
 
+def _is_wide(dt: np.dtype) -> bool:
+    return dt.kind in "iuf" and dt.itemsize == 8
+
+
 @dataclasses.dataclass(frozen=True)
 class ColumnSpec:
-    """How one Arrow column becomes one NumPy array (decided from the schema)."""
+    """How one Arrow column becomes one NumPy array (decided from the schema).
+
+    ``arrow_dtype`` is the dtype of the Arrow values as NumPy reads them;
+    ``view_dtype`` (bfloat16 storage convention) reinterprets those bits;
+    ``out_dtype`` is what the loader delivers (a range-checked cast when it differs).
+    """
 
     name: str
     kind: str  # "scalar" | "fixed" | "tensor" | "varlen"
@@ -84,6 +127,37 @@ class ColumnSpec:
     out_dtype: np.dtype
     pad_length: int | None = None
     pad_value: Any = 0
+    view_dtype: np.dtype | None = None
+
+
+def _x64_error(c: str, what: str) -> SpecError:
+    return SpecError(
+        f"JaxLoader: column {c!r} {what}, but JAX has jax_enable_x64 off and would "
+        f"silently make it 32-bit (integers wrap). Either pass dtypes={{{c!r}: 'int32'}} "
+        f"(or 'float32', ...: a host-side cast that fails on out-of-range values) or "
+        f"enable x64 (jax.config.update('jax_enable_x64', True)) before creating the loader."
+    )
+
+
+def _pad_value(c: str, value: Any, dt: np.dtype) -> Any:
+    """``value`` if the output dtype ``dt`` holds it (floats may round), else SpecError."""
+    try:
+        x = float(value)
+        if dt == np.bool_:
+            ok = x in (0.0, 1.0)
+        elif dt.kind in "iu":
+            info = np.iinfo(dt)
+            ok = x == int(x) and info.min <= int(value) <= info.max
+        else:
+            ok = not np.isfinite(x) or abs(x) <= _float_max(dt)
+    except (TypeError, ValueError, OverflowError):
+        ok = False
+    if not ok:
+        raise SpecError(
+            f"JaxLoader: pad_values[{c!r}] = {value!r} does not fit the column's output "
+            f"dtype {dt}; pass a value in that dtype's range."
+        )
+    return value
 
 
 def plan_columns(
@@ -95,13 +169,16 @@ def plan_columns(
     pad_lengths: Mapping[str, int] | None = None,
     pad_values: Mapping[str, Any] | None = None,
     reserved: tuple[str, ...] = (),
+    x64: bool = False,
 ) -> list[ColumnSpec]:
     """Validates the requested columns against ``schema`` and decides each conversion.
 
     Raises:
-        SpecError: Unknown column in ``columns``/``exclude``/``dtypes``/``pad_lengths``,
-            a string/binary column that is not excluded, a variable-length list
-            column without a ``pad_lengths`` entry, or an unsupported type.
+        SpecError: Unknown column in ``columns``/``exclude``/``dtypes``/``pad_lengths``/
+            ``pad_values``, a string/binary column that is not excluded, a
+            variable-length list column without a ``pad_lengths`` entry, an
+            unsupported type, a 64-bit column or target with ``x64`` off, or a
+            pad value the output dtype cannot hold.
     """
     names = list(schema.names)
     available = ", ".join(names) or "(none)"
@@ -132,7 +209,8 @@ def plan_columns(
             )
     specs = []
     for c in selected:
-        t = schema.field(c).type
+        field = schema.field(c)
+        t = field.type
         storage = _storage_of(t)
         leaf = _leaf_type(t)
         if (
@@ -154,10 +232,30 @@ def plan_columns(
                 f"padded lists are supported); exclude it or convert it first."
             )
         arrow_dtype = np.dtype(leaf.to_pandas_dtype())
-        out_dtype = resolve_dtype(dtypes[c]) if c in dtypes else arrow_dtype
+        view = None
+        if is_bfloat16_field(field):
+            if arrow_dtype != np.uint16:
+                raise SpecError(
+                    f"JaxLoader: column {c!r} says it holds bfloat16 bits "
+                    f"(slicefeed.dtype metadata) but its values are {leaf}, not uint16; "
+                    f"rewrite it with slicefeed.transforms' bfloat16 helpers."
+                )
+            view = _bfloat16()
+        native = view if view is not None else arrow_dtype
+        if c in dtypes:
+            out_dtype = resolve_dtype(dtypes[c])
+            if not x64 and _is_wide(out_dtype):
+                raise _x64_error(c, f"is cast to {out_dtype} by dtypes=")
+        else:
+            out_dtype = native
+            if not x64 and _is_wide(native):
+                raise _x64_error(c, f"is {leaf}")
+        pad_value = _pad_value(c, pad_values.get(c, 0), out_dtype)
         tshape = _tensor_shape(t)
         if tshape is not None:
-            specs.append(ColumnSpec(c, "tensor", tshape, arrow_dtype, out_dtype))
+            specs.append(
+                ColumnSpec(c, "tensor", tshape, arrow_dtype, out_dtype, None, pad_value, view)
+            )
             continue
         if isinstance(t, pa.BaseExtensionType):
             raise SpecError(
@@ -175,7 +273,9 @@ def plan_columns(
                     f"JaxLoader: column {c!r} ({t}) mixes fixed- and variable-length "
                     f"lists; make every level fixed-size in the pipeline."
                 )
-            specs.append(ColumnSpec(c, "fixed", tuple(shape), arrow_dtype, out_dtype))
+            specs.append(
+                ColumnSpec(c, "fixed", tuple(shape), arrow_dtype, out_dtype, None, pad_value, view)
+            )
             continue
         if pa.types.is_list(storage) or pa.types.is_large_list(storage):
             if not _is_numeric(_storage_of(storage.value_type)):
@@ -193,10 +293,10 @@ def plan_columns(
             if L <= 0:
                 raise SpecError(f"JaxLoader: pad_lengths[{c!r}] must be positive, got {L}.")
             specs.append(
-                ColumnSpec(c, "varlen", (L,), arrow_dtype, out_dtype, L, pad_values.get(c, 0))
+                ColumnSpec(c, "varlen", (L,), arrow_dtype, out_dtype, L, pad_value, view)
             )
             continue
-        specs.append(ColumnSpec(c, "scalar", (), arrow_dtype, out_dtype))
+        specs.append(ColumnSpec(c, "scalar", (), arrow_dtype, out_dtype, None, pad_value, view))
     for c in pad_lengths:
         if c in selected and not any(s.name == c and s.kind == "varlen" for s in specs):
             raise SpecError(
@@ -204,6 +304,14 @@ def plan_columns(
                 f"variable-length list ({schema.field(c).type}); remove the entry."
             )
     return specs
+
+
+# Describes row i of the batch being converted ("file part-0.parquet row 17"), for errors.
+Locator = Callable[[int], str]
+
+
+def _default_locator(i: int) -> str:
+    return f"row {i} of the batch"
 
 
 def _single_chunk(col: pa.ChunkedArray | pa.Array, counter: list[int]) -> pa.Array:
@@ -230,10 +338,64 @@ def _primitive_view(arr: pa.Array, counter: list[int]) -> np.ndarray:
     return arr.to_numpy(zero_copy_only=True)
 
 
-def convert_column(spec: ColumnSpec, col: pa.ChunkedArray | pa.Array, counter: list[int]):
+def _bound_in(bound: int, dt: np.dtype) -> bool:
+    info = np.iinfo(dt)
+    return info.min <= bound <= info.max
+
+
+def _out_of_range(a: np.ndarray, to: np.dtype) -> np.ndarray | None:
+    """Flat indices of ``a`` whose cast to ``to`` is not allowed (see the module
+    docstring), or None when the cast cannot go out of range. ``a`` is flat."""
+    src = a.dtype
+    if src == np.bool_ or to == np.bool_ or np.can_cast(src, to, "safe"):
+        return None
+    if to.kind in "iu":
+        info = np.iinfo(to)
+        if src.kind in "iu":
+            bad = np.zeros(a.shape, dtype=bool)
+            if _bound_in(info.min, src) and int(a.min(initial=0)) < info.min:
+                bad |= a < np.asarray(info.min, dtype=src)
+            if _bound_in(info.max, src) and int(a.max(initial=0)) > info.max:
+                bad |= a > np.asarray(info.max, dtype=src)
+            return bad
+        # float -> int: finite and inside [min, max] after truncation toward zero
+        t = np.trunc(a.astype(np.float64))
+        return ~np.isfinite(t) | (t < info.min) | (t > info.max)
+    if _is_float(to):
+        if src.kind in "iu" or _is_float(src):
+            limit = _float_max(to)
+            x = a.astype(np.float64)
+            return np.isfinite(x) & (np.abs(x) > limit)
+    return None
+
+
+def _checked_cast(spec: ColumnSpec, a: np.ndarray, locate: Locator, counter: list[int]):
+    to = spec.out_dtype
+    flat = a.reshape(-1)
+    bad = _out_of_range(flat, to)
+    if bad is not None and bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        row = i // max(int(np.prod(spec.row_shape, dtype=np.int64)), 1)
+        value = repr(flat[i].item() if flat.dtype != _bfloat16() else float(flat[i]))[:40]
+        raise SpecError(
+            f"JaxLoader: column {spec.name!r}, {locate(row)}: value {value} does not fit "
+            f"dtypes[{spec.name!r}] = {to} (cast from {a.dtype}); use a wider dtype "
+            f"(with x64 enabled for 64-bit) or fix the value in the pipeline."
+        )
+    counter[0] += 1
+    return a.astype(to)
+
+
+def convert_column(
+    spec: ColumnSpec,
+    col: pa.ChunkedArray | pa.Array,
+    counter: list[int],
+    locate: Locator = _default_locator,
+):
     """One column of a batch as a NumPy array of ``spec.out_dtype``.
 
-    ``counter[0]`` is incremented once per full copy of the column made here.
+    ``counter[0]`` is incremented once per full copy of the column made here;
+    ``locate(i)`` names row ``i`` of the batch in a range error.
     """
     arr = _single_chunk(col, counter)
     n = len(arr)
@@ -266,26 +428,37 @@ def convert_column(spec: ColumnSpec, col: pa.ChunkedArray | pa.Array, counter: l
             values = values.storage
         _check_nulls(spec.name, values)
         vals = _primitive_view(values, counter)
+        if spec.view_dtype is not None:
+            vals = vals.view(spec.view_dtype)
         lengths = np.minimum(np.diff(offsets), L)
         valid = np.arange(L)[None, :] < lengths[:, None]
-        out = np.full((n, L), spec.pad_value, dtype=vals.dtype)
+        out = np.zeros((n, L), dtype=vals.dtype)
         pos = offsets[:-1, None] + np.arange(L)[None, :]
         out[valid] = vals[pos[valid]]
         counter[0] += 1
+        if out.dtype != spec.out_dtype:  # the zeros of the padding are always in range
+            out = _checked_cast(spec, out, locate, counter)
+        if spec.pad_value != 0:
+            out[~valid] = spec.pad_value
+        return out
     else:  # pragma: no cover
         raise AssertionError(spec.kind)
+    if spec.view_dtype is not None and out.dtype != spec.view_dtype:
+        out = out.view(spec.view_dtype)  # same bits, no copy
     if out.dtype != spec.out_dtype:
-        out = out.astype(spec.out_dtype)
-        counter[0] += 1
+        out = _checked_cast(spec, out, locate, counter)
     return out
 
 
 def convert_table(
-    specs: list[ColumnSpec], table: pa.Table, counter: list[int] | None = None
+    specs: list[ColumnSpec],
+    table: pa.Table,
+    counter: list[int] | None = None,
+    locate: Locator = _default_locator,
 ) -> dict[str, np.ndarray]:
     """Converts the selected columns of ``table`` (see :func:`plan_columns`)."""
     counter = counter if counter is not None else [0]
-    return {s.name: convert_column(s, table.column(s.name), counter) for s in specs}
+    return {s.name: convert_column(s, table.column(s.name), counter, locate) for s in specs}
 
 
 def empty_batch(specs: list[ColumnSpec], rows: int) -> dict[str, np.ndarray]:
@@ -309,3 +482,8 @@ def pad_batch(
         p[: len(a)] = a
         out[s.name] = p
     return out
+
+
+def row_bytes(specs: list[ColumnSpec]) -> int:
+    """Bytes of one delivered row (all selected columns)."""
+    return sum(int(np.prod(s.row_shape, dtype=np.int64)) * s.out_dtype.itemsize for s in specs)

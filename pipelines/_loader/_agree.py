@@ -1,0 +1,83 @@
+"""Multi-host agreement through jax.distributed's key-value store (never a device collective).
+
+Each loader gets a key namespace numbered in creation order, so loaders must be
+created in the same order on every host. Waiting polls with a non-blocking get,
+so a stop request (``close()``, the loader being garbage-collected) ends the
+wait within one poll interval instead of after the timeout.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+
+from slicefeed.connectors import _compat
+
+_KV_PREFIX = "slicefeed/jaxloader"
+_POLL_S = (0.001, 0.05)  # first and longest sleep between polls
+_counter = itertools.count()
+
+
+class Stopped(Exception):
+    """The wait was interrupted by a stop request (internal; never reaches the user)."""
+
+
+class Agreement:
+    """All hosts' values for a tag, through the key-value store."""
+
+    def __init__(self, process_index: int, process_count: int, timeout_s: float):
+        self.process_index = process_index
+        self.process_count = process_count
+        self.timeout_s = float(timeout_s)
+        self.uid = next(_counter)
+
+    def _client(self):
+        client = _compat.jax_kv_client()
+        if client is None:
+            raise RuntimeError(
+                "JaxLoader: jax.process_count() > 1 but jax.distributed has no client; "
+                "call jax.distributed.initialize() before creating the loader."
+            )
+        return client
+
+    def exchange(self, tag: str, value: str, stop: threading.Event | None = None) -> list[str]:
+        """Every host's ``value`` for ``tag``, in host order.
+
+        Raises:
+            TimeoutError: a host did not report within ``timeout_s``.
+            Stopped: ``stop`` was set while waiting.
+        """
+        if self.process_count == 1:
+            return [value]
+        client = self._client()
+        prefix = f"{_KV_PREFIX}/{self.uid}/{tag}"
+        client.key_value_set(f"{prefix}/{self.process_index}", value)
+        out: list[str] = []
+        deadline = time.monotonic() + self.timeout_s
+        for h in range(self.process_count):
+            sleep = _POLL_S[0]
+            while True:
+                got = _compat.kv_try_get(client, f"{prefix}/{h}")
+                if got is not None:
+                    out.append(got)
+                    break
+                if stop is not None and stop.is_set():
+                    raise Stopped(tag)
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"JaxLoader: host {h} did not report {tag!r} within {self.timeout_s} s "
+                        f"(is it running the same loader, created in the same order?)."
+                    )
+                time.sleep(sleep)
+                sleep = min(sleep * 2, _POLL_S[1])
+        return out
+
+    def forget(self, tag: str) -> None:
+        """Deletes this host's key for ``tag`` (best effort: keys are tiny)."""
+        if self.process_count == 1:
+            return
+        try:
+            self._client().key_value_delete(f"{_KV_PREFIX}/{self.uid}/{tag}/{self.process_index}")
+        except Exception:
+            pass

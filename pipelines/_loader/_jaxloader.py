@@ -1,0 +1,401 @@
+"""JaxLoader: static-shape, device-sharded, equal-step, resumable JAX batches."""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from typing import Any, Mapping
+
+from slicefeed.connectors import SpecError
+from slicefeed.pipelines._loader import _plan
+from slicefeed.pipelines._loader._agree import Agreement
+from slicefeed.pipelines._loader._convert import MASK_KEY, plan_columns, row_bytes
+from slicefeed.pipelines._loader._options import LoaderOptions
+from slicefeed.pipelines._loader._placement import Placement
+from slicefeed.pipelines._loader._prefetch import Runtime
+from slicefeed.pipelines._loader._produce import Producer, Stats
+from slicefeed.pipelines._loader._sources import ManifestSource, ReadContext, make_source
+
+STATE_VERSION = 2
+# Rows per read window of a committed dataset when not shuffling: ~32 MB of decoded
+# rows per read (benchmarks/loader.py: 64 MB of *compressed* Parquet made the first
+# window 4x larger, the time to first batch 30 s on 2 cores).
+WINDOW_TARGET_BYTES = 32 << 20
+
+
+class JaxLoader:
+    """Global, device-sharded, static-shape ``jax.Array`` batches for a training loop.
+
+    Each step yields ``dict[str, jax.Array]``: one global array per selected
+    column, ``global_batch_size`` rows, sharded over the batch axis of ``mesh``
+    (default: a 1-D ``"data"`` mesh over all devices, the one Ray Data's
+    ``iter_jax_batches`` uses). Every host takes the same number of steps per
+    epoch; every row of an epoch is delivered once, or counted as dropped.
+
+    Contract:
+
+    - Values are never changed silently. A 64-bit column with ``jax_enable_x64``
+      off is refused unless ``dtypes`` casts it; every ``dtypes`` cast is
+      range-checked on the host; bfloat16 stored as ``uint16`` bits (slicefeed's
+      convention) arrives as bfloat16 with the same bits. Errors name the
+      column, the row (file and row where known) and the value.
+    - ``remainder="drop"`` drops a partial last batch without converting or
+      transferring it; ``"pad"`` pads with ``pad_values`` (default 0) and adds
+      a boolean ``mask_key`` array (False on padding).
+    - ``prefetch=N`` keeps at most N batches on the devices ahead of the
+      consumer (``0``: produce in the consumer's thread). A producer error is
+      re-raised by every later ``next()`` with its original traceback.
+    - ``state_dict()`` is the position of the next batch the consumer gets;
+      ``state=`` resumes there exactly, and refuses a state saved for other
+      data or configuration, naming every key that differs.
+    - ``close()`` (or dropping the last reference) stops reading and frees the
+      prefetched batches within about a second.
+    - Loaders must be created in the same order on every host (multi-host
+      agreement uses numbered keys of the ``jax.distributed`` key-value store).
+
+    How sources are read, shuffled, split across hosts and resumed, and what
+    each step costs in copies and time: docs/architecture.md, "JaxLoader".
+
+    Args:
+        source: ``ray.data.Dataset`` (any block format), ``DataIterator``
+            (``ray.train.get_dataset_shard``), a slicefeed ``Pipeline`` (or any
+            object with ``.dataset()``), or the URI of a committed dataset.
+        global_batch_size: Rows per step across all hosts.
+        columns: Columns to load (default: all); ``exclude``: columns to leave out.
+        dtypes: Host-side, range-checked casts, column -> dtype (NumPy / JAX
+            dtype or name such as ``"bfloat16"``).
+        pad_lengths: Column -> length for variable-length list columns.
+        pad_values: Column -> pad value for every column kind (default 0).
+        remainder: ``"drop"`` or ``"pad"``; ``mask_key``: the mask's name.
+        num_epochs: Epochs to yield (``None``: forever).
+        shuffle, seed, shuffle_buffer_rows: Seeded shuffling.
+        mesh, partition_spec: Optional user sharding.
+        prefetch: Batches kept on device ahead of the consumer.
+        ray_prefetch_batches: Ray Data's own host-side prefetch.
+        state: A ``state_dict()`` to resume from.
+        sync_timeout_s: Timeout of the multi-host key-value exchange.
+        storage_options: Passed to ``resolve_filesystem`` for a URI source.
+        reader: For a committed dataset: ``"local"`` reads windows in this
+            process on ``local_read_ahead`` threads; ``"ray"`` runs one Ray Data
+            task per window. Same batches either way.
+        local_read_ahead: Windows read ahead with ``reader="local"``.
+        host_local: The source (a Dataset, or an object with ``.dataset()``) holds
+            only this host's own rows. Without it, on several JAX processes a
+            Dataset is refused (every process would deliver all of it); a
+            committed URI and a slicefeed ``Pipeline`` (split by input files) are
+            split per host, a ``DataIterator`` is already split by Ray Train.
+
+    Raises:
+        SpecError: Bad arguments; unknown, string, unpadded or 64-bit columns
+            (see ``dtypes``); a global batch the devices cannot split evenly
+            (the message suggests one); an empty source; a ``state`` saved for
+            another configuration.
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        *,
+        global_batch_size: int,
+        columns: list[str] | None = None,
+        exclude: list[str] | tuple[str, ...] = (),
+        dtypes: Mapping[str, Any] | None = None,
+        pad_lengths: Mapping[str, int] | None = None,
+        pad_values: Mapping[str, Any] | None = None,
+        remainder: str = "drop",
+        mask_key: str = MASK_KEY,
+        num_epochs: int | None = 1,
+        shuffle: bool = False,
+        seed: int = 0,
+        shuffle_buffer_rows: int | None = None,
+        mesh: Any = None,
+        partition_spec: Any = None,
+        prefetch: int = 2,
+        ray_prefetch_batches: int = 1,
+        state: Mapping[str, Any] | None = None,
+        sync_timeout_s: float = 600.0,
+        storage_options: Mapping[str, Any] | None = None,
+        reader: str = "local",
+        local_read_ahead: int = 2,
+        host_local: bool = False,
+    ):
+        import jax
+
+        t0 = time.perf_counter()
+        opts = LoaderOptions(
+            global_batch_size=global_batch_size,
+            columns=columns,
+            exclude=exclude,
+            dtypes=dtypes,
+            pad_lengths=pad_lengths,
+            pad_values=pad_values,
+            remainder=remainder,
+            mask_key=mask_key,
+            num_epochs=num_epochs,
+            shuffle=shuffle,
+            seed=seed,
+            shuffle_buffer_rows=shuffle_buffer_rows,
+            prefetch=prefetch,
+            ray_prefetch_batches=ray_prefetch_batches,
+            sync_timeout_s=sync_timeout_s,
+            storage_options=storage_options,
+            reader=reader,
+            local_read_ahead=local_read_ahead,
+            host_local=host_local,
+        )
+        self.options = opts
+        placement = Placement(opts.global_batch_size, mesh=mesh, partition_spec=partition_spec)
+        self.global_batch_size = placement.global_batch_size
+        self.local_batch_size = lb = placement.local_batch_size
+        self.process_count = placement.process_count
+        self.process_index = placement.process_index
+        self.sharding = placement.sharding
+
+        src = make_source(
+            source,
+            opts.storage_options,
+            process_index=self.process_index,
+            process_count=self.process_count,
+            host_local=opts.host_local,
+        )
+        specs = plan_columns(
+            src.schema(),
+            columns=list(opts.columns) if opts.columns is not None else None,
+            exclude=opts.exclude,
+            dtypes=opts.dtypes,
+            pad_lengths=opts.pad_lengths,
+            pad_values=opts.pad_values,
+            reserved=(opts.mask_key,) if opts.remainder == "pad" else (),
+            x64=bool(jax.config.jax_enable_x64),
+        )
+        rbytes = row_bytes(specs)
+        self.shuffle_buffer_rows = opts.shuffle_buffer_rows or max(16 * lb, 4096)
+        self.window_rows = _plan.window_size(
+            shuffle=opts.shuffle,
+            shuffle_buffer_rows=self.shuffle_buffer_rows,
+            # Decoded bytes per row (the manifest's are compressed): a window is
+            # what one reader holds in memory.
+            bytes_per_row=max(getattr(src, "bytes_per_row", 0) or 1, rbytes, 1),
+            target_bytes=WINDOW_TARGET_BYTES,
+            local_batch_size=lb,
+        )
+
+        # --- equal steps
+        agreement = Agreement(self.process_index, self.process_count, opts.sync_timeout_s)
+        shares = src.share_sizes(self.process_count)
+        if shares is None and src.local_rows() is not None:
+            got = agreement.exchange("count", str(int(src.local_rows())))
+            shares = [int(v) for v in got]
+        self.steps_per_epoch: int | None = (
+            _plan.steps_for(shares, lb, opts.remainder) if shares else None
+        )
+        if shares is not None and sum(shares) == 0:
+            raise SpecError(
+                f"JaxLoader: the source has no rows (0 rows on all {self.process_count} "
+                f"host(s)), so there is nothing to load with remainder={opts.remainder!r}; "
+                "check the dataset (an empty directory, or filters that removed every row)."
+            )
+        if shares is not None and self.steps_per_epoch == 0:
+            raise SpecError(
+                f"JaxLoader: with remainder='drop' no full batch fits: the smallest host "
+                f"share has {min(shares)} rows, fewer than the local batch ({lb}); use a "
+                f"smaller global_batch_size or remainder='pad'."
+            )
+        local_share = shares[self.process_index] if shares else None
+        limit = None
+        if self.steps_per_epoch is not None and local_share is not None:
+            limit = _plan.delivered_rows(local_share, self.steps_per_epoch, lb, opts.remainder)
+
+        # --- plan and state
+        self._plan = {
+            **src.fingerprint(),
+            "global_batch_size": self.global_batch_size,
+            "process_count": self.process_count,
+            "remainder": opts.remainder,
+            "shuffle": opts.shuffle,
+            "window_rows": self.window_rows if isinstance(src, ManifestSource) else None,
+            "columns": [s.name for s in specs],
+        }
+        self._epoch, self._step = 0, 0
+        if state is not None:
+            self._load_state(state)
+
+        # --- runtime (nothing here refers back to the loader)
+        stop = threading.Event()
+        ctx = ReadContext(
+            batch_rows=lb,
+            columns=tuple(s.name for s in specs),
+            seed=opts.seed,
+            shuffle=opts.shuffle,
+            shuffle_buffer_rows=self.shuffle_buffer_rows,
+            window_rows=self.window_rows,
+            process_index=self.process_index,
+            process_count=self.process_count,
+            reader=opts.reader,
+            read_ahead=opts.local_read_ahead,
+            ray_prefetch_batches=opts.ray_prefetch_batches,
+            stop=stop,
+            limit_rows=limit,
+        )
+        self._stats = Stats()
+        producer = Producer(
+            source=src,
+            ctx=ctx,
+            specs=specs,
+            placement=placement,
+            agreement=agreement,
+            remainder=opts.remainder,
+            mask_key=opts.mask_key,
+            num_epochs=opts.num_epochs,
+            steps_per_epoch=self.steps_per_epoch,
+            local_share=local_share,
+            row_bytes=rbytes,
+            stats=self._stats,
+        )
+        start = (self._epoch, self._step)
+        self._runtime = Runtime(lambda: producer.items(*start), opts.prefetch, stop)
+        self._finalizer = weakref.finalize(self, self._runtime.close)
+        self._t0 = t0
+        self._done = False
+        self._error: BaseException | None = None
+
+    # ------------------------------------------------------------------ options
+
+    @property
+    def seed(self) -> int:
+        return self.options.seed
+
+    @property
+    def shuffle(self) -> bool:
+        return self.options.shuffle
+
+    @property
+    def remainder(self) -> str:
+        return self.options.remainder
+
+    @property
+    def mask_key(self) -> str:
+        return self.options.mask_key
+
+    @property
+    def num_epochs(self) -> int | None:
+        return self.options.num_epochs
+
+    @property
+    def prefetch(self) -> int:
+        return self.options.prefetch
+
+    # ------------------------------------------------------------------ public
+
+    def state_dict(self) -> dict:
+        """Small JSON-serialisable state: position of the next batch the consumer gets."""
+        return {
+            "version": STATE_VERSION,
+            "epoch": self._epoch,
+            "step": self._step,
+            "seed": self.seed,
+            "plan": dict(self._plan),
+        }
+
+    def stats(self) -> dict:
+        """Counters: rows (real rows delivered by this host), batches, bytes (host
+        bytes delivered), dropped_rows, padded_rows, host_copies (full-column copies
+        made while converting), input stall (time ``next()`` waited, total/max/last/
+        mean per step), time_to_first_batch_s (from construction)."""
+        with self._stats.lock:
+            s = dict(self._stats.values)
+        s["input_stall_s_mean"] = s["input_stall_s_total"] / max(s["batches"], 1)
+        s["steps_per_epoch"] = self.steps_per_epoch
+        return s
+
+    def __iter__(self) -> "JaxLoader":
+        return self
+
+    def __next__(self) -> dict:
+        if self._error is not None:
+            raise self._error
+        if self._done:
+            raise StopIteration
+        t = time.perf_counter()
+        try:
+            item = self._runtime.next_item()
+        except StopIteration:
+            self._done = True
+            self._runtime.close()
+            raise
+        except BaseException as e:
+            self._error = e
+            self._runtime.close()
+            raise
+        batch, epoch, step, nrows, nbytes = item
+        stall = time.perf_counter() - t
+        self._advance(epoch, step)
+        with self._stats.lock:
+            s = self._stats.values
+            s["batches"] += 1
+            s["rows"] += nrows
+            s["bytes"] += nbytes
+            s["input_stall_s_total"] += stall
+            s["input_stall_s_last"] = stall
+            s["input_stall_s_max"] = max(s["input_stall_s_max"], stall)
+            if s["time_to_first_batch_s"] is None:
+                s["time_to_first_batch_s"] = time.perf_counter() - self._t0
+        return batch
+
+    def close(self) -> None:
+        """Stops reading and frees prefetched batches (also done at exhaustion and
+        when the loader is garbage-collected); returns within about a second."""
+        self._done = True
+        self._finalizer()
+
+    def __enter__(self) -> "JaxLoader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ state
+
+    def _load_state(self, state: Mapping[str, Any]) -> None:
+        if state.get("version") != STATE_VERSION:
+            raise SpecError(
+                f"JaxLoader: state version {state.get('version')!r} is not supported "
+                f"(expected {STATE_VERSION})."
+            )
+        if state.get("seed") != self.seed:
+            raise SpecError(
+                f"JaxLoader: state was saved with seed={state.get('seed')!r}, this loader has "
+                f"seed={self.seed}; pass the same seed to resume."
+            )
+        saved = state.get("plan")
+        if not isinstance(saved, Mapping):
+            raise SpecError(f"JaxLoader: state has no plan (got {saved!r}); pass a state_dict().")
+        diffs = []
+        for k, v in self._plan.items():
+            if k not in saved:
+                diffs.append(f"{k} is missing from the state (this loader has {k}={v!r})")
+            elif saved[k] != v:
+                diffs.append(f"state was saved with {k}={saved[k]!r}, this loader has {k}={v!r}")
+        for k in saved:
+            if k not in self._plan:
+                diffs.append(f"state has unknown plan key {k!r}")
+        if diffs:
+            raise SpecError(
+                "JaxLoader: " + "; ".join(diffs)
+                + "; resume with the same data and configuration."
+            )
+        epoch, step = state.get("epoch"), state.get("step")
+        if not (isinstance(epoch, int) and isinstance(step, int) and epoch >= 0 and step >= 0) or (
+            self.steps_per_epoch is not None and step >= self.steps_per_epoch
+        ):
+            raise SpecError(
+                f"JaxLoader: state position epoch={epoch!r}, step={step!r} is not valid for "
+                f"this loader ({self.steps_per_epoch} steps per epoch)."
+            )
+        self._epoch, self._step = epoch, step
+
+    def _advance(self, epoch: int, step: int) -> None:
+        self._epoch, self._step = epoch, step + 1
+        if self.steps_per_epoch is not None and self._step >= self.steps_per_epoch:
+            self._epoch, self._step = epoch + 1, 0

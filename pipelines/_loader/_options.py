@@ -1,0 +1,90 @@
+"""The loader's options: one frozen dataclass, validated when built."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from slicefeed.connectors import SpecError
+from slicefeed.pipelines._loader._convert import MASK_KEY
+
+
+@dataclasses.dataclass(frozen=True)
+class LoaderOptions:
+    """Every ``JaxLoader`` keyword except the source, the mesh and a saved state.
+
+    Raises:
+        SpecError: from ``__post_init__``, naming the bad option and what is allowed.
+    """
+
+    global_batch_size: int
+    columns: tuple[str, ...] | None = None
+    exclude: tuple[str, ...] = ()
+    dtypes: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    pad_lengths: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    pad_values: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    remainder: str = "drop"
+    mask_key: str = MASK_KEY
+    num_epochs: int | None = 1
+    shuffle: bool = False
+    seed: int = 0
+    shuffle_buffer_rows: int | None = None
+    prefetch: int = 2
+    ray_prefetch_batches: int = 1
+    sync_timeout_s: float = 600.0
+    storage_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    reader: str = "local"
+    local_read_ahead: int = 2
+    host_local: bool = False
+
+    def __post_init__(self):
+        def fix(name, value):
+            object.__setattr__(self, name, value)
+
+        def integer(name, lo, *, none_ok=False):
+            v = getattr(self, name)
+            if v is None and none_ok:
+                return
+            if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+                kind = "an integer or None" if none_ok else "an integer"
+                raise SpecError(f"JaxLoader: {name} must be >= {lo}, got {v!r} ({kind}).")
+
+        if self.remainder not in ("drop", "pad"):
+            raise SpecError(
+                f"JaxLoader: remainder must be 'drop' or 'pad', got {self.remainder!r}."
+            )
+        if self.reader not in ("local", "ray"):
+            raise SpecError(f"JaxLoader: reader must be 'local' or 'ray', got {self.reader!r}.")
+        integer("num_epochs", 0, none_ok=True)
+        integer("prefetch", 0)
+        integer("ray_prefetch_batches", 0)
+        integer("local_read_ahead", 1)
+        integer("shuffle_buffer_rows", 1, none_ok=True)
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise SpecError(f"JaxLoader: seed must be an integer, got {self.seed!r}.")
+        if not (isinstance(self.sync_timeout_s, (int, float)) and self.sync_timeout_s > 0):
+            raise SpecError(
+                "JaxLoader: sync_timeout_s must be a positive number, "
+                f"got {self.sync_timeout_s!r}."
+            )
+        if not isinstance(self.mask_key, str) or not self.mask_key:
+            raise SpecError(
+                f"JaxLoader: mask_key must be a non-empty string, got {self.mask_key!r}."
+            )
+        if isinstance(self.columns, str) or isinstance(self.exclude, str):
+            raise SpecError("JaxLoader: columns= and exclude= take a list of names, not a string.")
+        fix("columns", None if self.columns is None else tuple(self.columns))
+        fix("exclude", tuple(self.exclude))
+        for name in ("dtypes", "pad_lengths", "pad_values", "storage_options"):
+            v = getattr(self, name)
+            if v is None:
+                v = {}
+            if not isinstance(v, Mapping):
+                raise SpecError(
+                    f"JaxLoader: {name} must be a mapping of column -> value, "
+                    f"got {type(v).__name__}."
+                )
+            fix(name, dict(v))
+        fix("shuffle", bool(self.shuffle))
+        fix("host_local", bool(self.host_local))
+        fix("sync_timeout_s", float(self.sync_timeout_s))

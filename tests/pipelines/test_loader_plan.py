@@ -1,0 +1,84 @@
+"""Property tests of the loader's pure planning (no Ray, no JAX, no I/O)."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slicefeed.pipelines._loader import _plan
+
+files_st = st.lists(st.integers(0, 40), min_size=1, max_size=6).map(
+    lambda sizes: [(f"f{i}", n) for i, n in enumerate(sizes)]
+)
+
+
+@given(n=st.integers(0, 10_000), hosts=st.integers(1, 64))
+def test_host_shares_partition_rows_balanced(n, hosts):
+    shares = _plan.host_shares(n, hosts)
+    assert shares[0][0] == 0 and shares[-1][1] == n
+    assert all(a[1] == b[0] for a, b in zip(shares, shares[1:]))
+    sizes = [b - a for a, b in shares]
+    assert max(sizes) - min(sizes) <= 1
+
+
+@given(sizes=st.lists(st.integers(0, 500), min_size=1, max_size=8), lb=st.integers(1, 64))
+def test_steps_every_host_can_take(sizes, lb):
+    drop = _plan.steps_for(sizes, lb, "drop")
+    pad = _plan.steps_for(sizes, lb, "pad")
+    assert all(drop * lb <= s for s in sizes)  # drop: every step is full on every host
+    assert all(pad * lb >= s for s in sizes)  # pad: every row fits
+    assert (pad - 1) * lb < max(sizes) or pad == 0
+    for s in sizes:
+        read = _plan.delivered_rows(s, drop, lb, "drop")
+        assert read == drop * lb  # only rows of full agreed steps are read
+
+
+@settings(max_examples=200)
+@given(
+    files=files_st,
+    hosts=st.integers(1, 4),
+    window=st.integers(1, 30),
+    seed=st.integers(0, 3),
+    epoch=st.integers(0, 3),
+    shuffle=st.booleans(),
+)
+def test_windows_and_locate_cover_each_row_once(files, hosts, window, seed, epoch, shuffle):
+    total = sum(n for _, n in files)
+    order = _plan.epoch_file_order(len(files), seed, epoch, shuffle)
+    assert sorted(order.tolist()) == list(range(len(files)))
+    seen = []
+    for h, (start, stop) in enumerate(_plan.host_shares(total, hosts)):
+        share = _plan.pieces(files, order, start, stop)
+        assert sum(hi - lo for _, lo, hi in share) == stop - start
+        ws = _plan.windows(share, window)
+        assert all(sum(hi - lo for _, lo, hi in w) == window for w in ws[:-1])
+        flat = [(p, r) for p, lo, hi in share for r in range(lo, hi)]
+        assert [(p, r) for w in ws for p, lo, hi in w for r in range(lo, hi)] == flat
+        located = []
+        for row in range(stop - start):
+            k = row // window
+            rng = _plan.window_rng(seed, epoch, h, k) if shuffle else None
+            p, r, _ = _plan.locate(share, window, row, rng)
+            located.append((p, r))
+        if not shuffle:
+            assert located == flat
+        assert sorted(located) == sorted(flat)  # each row of the share exactly once
+        seen += located
+    assert len(seen) == len(set(seen)) == total
+
+
+@given(
+    share=files_st.map(lambda fs: [(p, 0, n) for p, n in fs if n]),
+    skip=st.integers(0, 100),
+)
+def test_skip_pieces_drops_exactly_a_prefix(share, skip):
+    flat = [(p, r) for p, lo, hi in share for r in range(lo, hi)]
+    rest = _plan.skip_pieces(share, skip)
+    assert [(p, r) for p, lo, hi in rest for r in range(lo, hi)] == flat[skip:]
+
+
+@given(rows=st.integers(0, 200), seed=st.integers(0, 5))
+def test_window_permutation_is_a_permutation(rows, seed):
+    perm = _plan.window_permutation([seed, 0, 0, 0], rows)
+    assert np.array_equal(np.sort(perm), np.arange(rows))
