@@ -22,7 +22,7 @@ token checksum FAILS instead of reporting a number.
 
 Usage::
 
-    python benchmarks/loader.py --quick             # < 3 min on 2 cores
+    python benchmarks/loader.py --quick             # a few minutes
     python benchmarks/loader.py --repeat 3          # full run; medians of 3
     python benchmarks/loader.py --cases slicefeed,raw_jax --batch-sizes 256
 """
@@ -58,7 +58,7 @@ from _benchlib import (  # noqa: E402
 
 CASES = ("pyarrow_limit", "raw_jax", "ray_iter_jax_batches", "grain", "slicefeed", "slicefeed_ray")
 QUICK_CASES = CASES[:5]
-TARGETS = {  # slicefeed rows/s divided by the case's, at least (issue 6)
+TARGETS = {  # slicefeed rows/s divided by the case's, at least (benchmarks/README.md)
     "ray_iter_jax_batches": 1.3,
     "grain": 1.0,
     "raw_jax": 1.0,

@@ -40,7 +40,7 @@ import urllib.parse
 from typing import Any
 
 if os.environ.get("STORAGE_EMULATOR_HOST"):
-    # gcsfs reads this at import time (see _fs.py and DESIGN.md).
+    # gcsfs reads this at import time (see _fs.py).
     os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 import aiohttp

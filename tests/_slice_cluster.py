@@ -62,8 +62,7 @@ def _cluster_env() -> dict[str, str]:
         "TPU_VISIBLE_CHIPS",
     ):
         env.pop(key, None)
-    # Ray 2.60 token auth: joining nodes don't present the head's token
-    # (DESIGN.md, "Known facts").
+    # Ray 2.60 token auth: joining nodes don't present the head's token.
     env["RAY_AUTH_MODE"] = "disabled"
     env["RAY_USAGE_STATS_ENABLED"] = "0"
     # No idle Python workers per CPU at startup: on 2 shared cores they slow

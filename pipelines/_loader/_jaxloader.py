@@ -20,7 +20,7 @@ from slicefeed.pipelines._loader._sources import ManifestSource, ReadContext, ma
 STATE_VERSION = 2
 # Rows per read window of a committed dataset when not shuffling: ~32 MB of decoded
 # rows per read (benchmarks/loader.py: 64 MB of *compressed* Parquet made the first
-# window 4x larger, the time to first batch 30 s on 2 cores).
+# window 4x larger and multiplied the time to first batch).
 WINDOW_TARGET_BYTES = 32 << 20
 
 

@@ -191,7 +191,7 @@ def test_pyarrow_fixed_size_list_2048(env, local_dir):
     # materialize once: both loaders below read the same Ray blocks
     # Ray's plain path fails on this column (NumPy object arrays). The Dataset is
     # built from the file with pyarrow: Ray's read_parquet yields the same Arrow
-    # block, but its ListFiles task costs minutes on an overloaded 2-core machine.
+    # block, but its ListFiles task can take minutes on an overloaded machine.
     ds = ray.data.from_arrow(pq.read_table(path))
     with pytest.raises(Exception, match="(?i)dtype object|object"):
         next(iter(ds.iter_jax_batches(batch_size=16)))
