@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import io
-from collections.abc import Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import pyarrow as pa
 

@@ -39,7 +39,7 @@ class ResolvedPath:
     path: str
     protocol: str
 
-    def join(self, *parts: str) -> "ResolvedPath":
+    def join(self, *parts: str) -> ResolvedPath:
         """The resolved path of ``parts`` under this one, on the same filesystem."""
         path = "/".join([self.path.rstrip("/"), *[p.strip("/") for p in parts]])
         return dataclasses.replace(self, uri=self.to_uri(path), path=path)

@@ -22,8 +22,8 @@ from __future__ import annotations
 import io
 import json
 import os
-from collections.abc import Mapping
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -40,7 +40,6 @@ from slicefeed.connectors._errors import (
 from slicefeed.connectors._formats import FORMATS, FileFormat, get_format
 from slicefeed.connectors._fs import ResolvedPath, expand_paths, has_glob, resolve_filesystem
 from slicefeed.connectors._names import ERROR_COLUMN, PROVENANCE_FILE, PROVENANCE_ROW, RAW_COLUMN
-
 
 _FIX_HINT = (
     "Fix or remove it, or set `on_error: skip` or `on_error: quarantine` in the "
@@ -314,8 +313,7 @@ class TextDatasource(_SlicefeedFileDatasource):
                 f"{self._uri(path)}: line {line + 1} (row {line}) is not valid UTF-8 "
                 f"(byte offset {e.start}). {_FIX_HINT}"
             ) from None
-        if text.endswith("\n"):
-            text = text[:-1]
+        text = text.removesuffix("\n")
         lines = pc.split_pattern(pa.array([text]), "\n").flatten() if text else pa.array([], pa.string())
         lines = pc.utf8_rtrim(lines, characters="\r")
         # Provenance first, so _sf_row stays the line index when empty lines are dropped.

@@ -18,7 +18,8 @@ import dataclasses
 import hashlib
 import logging
 import os
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -39,9 +40,9 @@ from slicefeed.connectors._commit import (
 )
 from slicefeed.connectors._errors import (
     AlreadyCommittedError,
-    MissingColumnError,
     CommitConflictError,
     CorruptManifestError,
+    MissingColumnError,
 )
 from slicefeed.connectors._fs import ResolvedPath, resolve_filesystem
 from slicefeed.connectors._manifest import (

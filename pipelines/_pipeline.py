@@ -18,13 +18,14 @@ import json
 import os
 import platform
 import time
+from collections.abc import Mapping, Sequence
 from importlib import metadata as _md
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import pyarrow as pa
 import ray
 
-import slicefeed.connectors as connectors
+from slicefeed import connectors
 from slicefeed.connectors import (
     ERROR_COLUMN,
     PROVENANCE_FILE,
@@ -60,7 +61,6 @@ from slicefeed.pipelines._spec import (
     load_spec,
     validate_spec,
 )
-
 
 
 def _versions() -> dict[str, str]:
@@ -102,7 +102,7 @@ class TransformCounts:
         """Rows the transform removed (0 for a reshaping transform)."""
         return 0 if self.reshapes_rows else self.rows_in - self.rows_out - self.rows_bad
 
-    def add(self, other: "TransformCounts") -> None:
+    def add(self, other: TransformCounts) -> None:
         for f in ("rows_in", "rows_out", "rows_bad", "time_s", "slots", "tokens"):
             setattr(self, f, getattr(self, f) + getattr(other, f))
 
@@ -150,7 +150,7 @@ class StageCounts:
             self.transforms[index] = TransformCounts(index, t.name, bool(t.reshapes_rows))
         return self.transforms[index]
 
-    def add(self, other: "StageCounts") -> None:
+    def add(self, other: StageCounts) -> None:
         """Adds ``other``'s counts to these."""
         for f in ("rows_read", "rows_skipped", "rows_quarantined", "rows_out", "bytes_out"):
             setattr(self, f, getattr(self, f) + getattr(other, f))
@@ -799,7 +799,7 @@ def _already_committed(name: str, uri: str, fp: str, m: Manifest) -> RunReport:
 def _ray_stats(ds: ray.data.Dataset) -> str:
     try:
         return ds.stats()
-    except Exception:  # stats are informative only
+    except Exception:  # noqa: BLE001 - stats are informative only
         return ""
 
 

@@ -41,7 +41,8 @@ import hashlib
 import json
 import os
 import re
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jsonschema
 import yaml
@@ -230,7 +231,7 @@ class SourceSpec:
     weight: float = 1.0
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "SourceSpec":
+    def from_dict(cls, d: Mapping[str, Any]) -> SourceSpec:
         return cls(
             format=d["format"], uri=d["uri"], options=_copy(d.get("options")),
             storage=_copy({k: v for k, v in (d.get("storage") or {}).items() if k in STORAGE_OPTIONS}),
@@ -248,7 +249,7 @@ class SinkSpec:
     storage: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "SinkSpec":
+    def from_dict(cls, d: Mapping[str, Any]) -> SinkSpec:
         return cls(
             format=d["format"], uri=d["uri"], options=_copy(d.get("options")),
             storage=_copy({k: v for k, v in (d.get("storage") or {}).items() if k in STORAGE_OPTIONS}),
@@ -298,7 +299,7 @@ class PipelineSpec:
         return self.raw.get(key, default)
 
     @classmethod
-    def from_dict(cls, spec: Mapping[str, Any]) -> "PipelineSpec":
+    def from_dict(cls, spec: Mapping[str, Any]) -> PipelineSpec:
         """From a dict that :func:`validate_spec` returned."""
         mixture = "sources" in spec
         raw_sources = spec["sources"] if mixture else [spec["source"]]
@@ -489,16 +490,16 @@ def parse_run_date(when: _dt.datetime | _dt.date | str | None) -> _dt.datetime:
         SpecError: ``when`` is not a ``YYYY-MM-DD`` date.
     """
     if when is None:
-        return _dt.datetime.now(_dt.timezone.utc)
+        return _dt.datetime.now(_dt.UTC)
     if isinstance(when, _dt.datetime):
-        return when.astimezone(_dt.timezone.utc) if when.tzinfo else when.replace(
-            tzinfo=_dt.timezone.utc)
+        return when.astimezone(_dt.UTC) if when.tzinfo else when.replace(
+            tzinfo=_dt.UTC)
     if isinstance(when, _dt.date):
-        return _dt.datetime(when.year, when.month, when.day, tzinfo=_dt.timezone.utc)
+        return _dt.datetime(when.year, when.month, when.day, tzinfo=_dt.UTC)
     try:
         d = _dt.date.fromisoformat(str(when))
         if len(str(when)) != 10:
             raise ValueError
     except ValueError:
         raise SpecError(f"--date {str(when)[:40]!r}: expected YYYY-MM-DD, e.g. 2026-11-30.") from None
-    return _dt.datetime(d.year, d.month, d.day, tzinfo=_dt.timezone.utc)
+    return _dt.datetime(d.year, d.month, d.day, tzinfo=_dt.UTC)

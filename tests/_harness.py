@@ -51,7 +51,7 @@ class GCSEmulator:
         self.endpoint = f"http://{self.host}"
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "GCSEmulator":
+    def start(self) -> GCSEmulator:
         self.proc = subprocess.Popen(
             [
                 sys.executable,

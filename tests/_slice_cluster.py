@@ -41,6 +41,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from typing import Self
 
 from tests._harness import free_port
 
@@ -337,7 +338,7 @@ class SimulatedCluster:
             self._poll_starting()
             try:
                 alive = self.alive_nodes()
-            except Exception:  # GCS still starting
+            except Exception:  # noqa: BLE001 - GCS still starting
                 alive = []
             if len(alive) >= len(self.nodes):
                 return alive
@@ -428,7 +429,7 @@ class SimulatedCluster:
         if self._own_temp_dir:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
 
-    def __enter__(self) -> "SimulatedCluster":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:

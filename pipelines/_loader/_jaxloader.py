@@ -5,7 +5,8 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any, Self
 
 from slicefeed.connectors import SpecError
 from slicefeed.pipelines._loader import _plan
@@ -309,7 +310,7 @@ class JaxLoader:
         s["steps_per_epoch"] = self.steps_per_epoch
         return s
 
-    def __iter__(self) -> "JaxLoader":
+    def __iter__(self) -> JaxLoader:
         return self
 
     def __next__(self) -> dict:
@@ -349,7 +350,7 @@ class JaxLoader:
         self._done = True
         self._finalizer()
 
-    def __enter__(self) -> "JaxLoader":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
