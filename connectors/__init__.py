@@ -27,6 +27,9 @@ from slicefeed.connectors._errors import (
     ShardMismatchError,
     SlicefeedError,
     SpecError,
+    WorkerCrashError,
+    printable,
+    short_repr,
 )
 from slicefeed.connectors._names import (
     ERROR_COLUMN,
@@ -69,6 +72,7 @@ _LAZY = {
     "new_writer_id": "_commit",
     "vacuum": "_commit",
     "write_atomic": "_commit",
+    "verify_shards": "_verify",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -103,6 +107,7 @@ if TYPE_CHECKING:  # pragma: no cover
         read_parquet,
         read_text,
     )
+    from slicefeed.connectors._verify import verify_shards
     from slicefeed.connectors._writers import read_dataset, write_parquet
 
 
@@ -149,6 +154,7 @@ __all__ = [
     "SlicefeedError",
     "SpecError",
     "VacuumResult",
+    "WorkerCrashError",
     "check_sink_outside_sources",
     "current_version",
     "expand_paths",
@@ -157,6 +163,7 @@ __all__ = [
     "list_versions",
     "new_writer_id",
     "peek_schema",
+    "printable",
     "read_csv",
     "read_dataset",
     "read_jsonl",
@@ -164,7 +171,9 @@ __all__ = [
     "read_parquet",
     "read_text",
     "resolve_filesystem",
+    "short_repr",
     "vacuum",
+    "verify_shards",
     "write_atomic",
     "write_parquet",
 ]

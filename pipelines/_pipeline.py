@@ -23,6 +23,7 @@ from importlib import metadata as _md
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import ray
 
 from slicefeed import connectors
@@ -37,11 +38,11 @@ from slicefeed.connectors import (
     AlreadyCommittedError,
     BadRecordError,
     CommitConflictError,
-    CorruptManifestError,
     InputFile,
     Manifest,
     MissingColumnError,
     SpecError,
+    WorkerCrashError,
     check_sink_outside_sources,
     is_committed,
     list_inputs,
@@ -54,6 +55,7 @@ from slicefeed.connectors import (
     write_parquet,
 )
 from slicefeed.connectors._formats import get_format
+from slicefeed.pipelines import _rerun
 from slicefeed.pipelines._spec import (
     PipelineSpec,
     SourceSpec,
@@ -135,10 +137,12 @@ class StageCounts:
     rows_out: int = 0
     bytes_out: int = 0
     transforms: dict[int, TransformCounts] = dataclasses.field(default_factory=dict)
+    #: Input files that could not be read at all (row count unknown).
+    unreadable: set[str] = dataclasses.field(default_factory=set)
 
     def __bool__(self) -> bool:
         return any((self.rows_read, self.rows_skipped, self.rows_quarantined, self.rows_out,
-                    self.bytes_out, self.transforms))
+                    self.bytes_out, self.transforms, self.unreadable))
 
     @property
     def rows_bad(self) -> int:
@@ -154,6 +158,7 @@ class StageCounts:
         """Adds ``other``'s counts to these."""
         for f in ("rows_read", "rows_skipped", "rows_quarantined", "rows_out", "bytes_out"):
             setattr(self, f, getattr(self, f) + getattr(other, f))
+        self.unreadable |= other.unreadable
         for i, tc in other.transforms.items():
             if i in self.transforms:
                 self.transforms[i].add(tc)
@@ -195,6 +200,17 @@ class _Counters:
     def __init__(self) -> None:
         self.counts = StageCounts()
         self.seen: set[str] = set()
+        # Batches a stage started: key -> [attempts, what the batch holds].
+        self.started: dict[str, list[Any]] = {}
+
+    def begin(self, key: str, what: str) -> None:
+        entry = self.started.setdefault(key, [0, what])
+        entry[0] += 1
+
+    def crashed(self) -> list[tuple[int, str]]:
+        """(attempts, what) of batches started but never finished, most attempts first."""
+        out = [(n, what) for k, (n, what) in self.started.items() if k not in self.seen]
+        return sorted(out, reverse=True)
 
     def add(self, delta: StageCounts, key: str | None = None) -> None:
         if key is not None:
@@ -221,6 +237,16 @@ def _batch_key(stage: str, table: pa.Table) -> str | None:
     h.update(enc.indices.to_numpy(zero_copy_only=False).tobytes())
     h.update("\0".join(enc.dictionary.to_pylist()).encode())
     return h.hexdigest()
+
+
+def _describe_batch(table: pa.Table, transforms: Sequence[Any]) -> str:
+    """``transform(s) a, b on file(s) x (rows i..j)`` for a batch (vectorised)."""
+    names = ", ".join(t.name for t in transforms)
+    files = table.column(PROVENANCE_FILE).unique().to_pylist()[:3]
+    rows = table.column(PROVENANCE_ROW)
+    lo, hi = pc.min(rows).as_py(), pc.max(rows).as_py()
+    return (f"transform(s) {names} on input file(s) {', '.join(repr(f) for f in files)}"
+            + (f" (rows {lo}..{hi})" if lo is not None else ""))
 
 
 class _Stage:
@@ -271,11 +297,21 @@ class _Stage:
         from slicefeed.transforms import split_errors
 
         key = _batch_key(self.stage_id, table) if self.counters is not None else None
+        if key is not None and self.transforms:
+            # Recorded before the transforms run, so a batch that kills its
+            # worker is known to the driver by its files and transforms.
+            ray.get(self.counters.begin.remote(key, _describe_batch(table, self.transforms)))
         delta = StageCounts()
         if self.count_input:
-            delta.rows_read = table.num_rows
             # Records the reader could not decode (mark_errors=True).
             table, bad = split_errors(table)
+            unreadable = _whole_files(bad)
+            if unreadable is not None:
+                # A file whose row count is unknown: no error budget can
+                # cover it (before_commit fails the run), and it is not rows.
+                delta.unreadable.update(bad.column(PROVENANCE_FILE).filter(unreadable).to_pylist())
+                bad = bad.filter(pc.invert(unreadable))
+            delta.rows_read = table.num_rows + bad.num_rows
             if bad.num_rows:
                 self._handle_bad(bad, "read", delta)
             if RAW_COLUMN in table.column_names:
@@ -467,14 +503,24 @@ class Pipeline:
 
         return mixture_report(self.mixture_counts, [s.weight for s in self.spec.sources])
 
+    def _retries(self) -> dict[str, Any]:
+        """Ray remote args bounding the reruns of a task whose worker died.
+
+        Ray Data's default (``max_retries=-1``) reruns such a task forever; a
+        record that kills its worker every time (a segfault, an OOM kill)
+        would make the run loop. Exceptions are not retried either way.
+        """
+        return {"max_retries": self.spec.task_retries}
+
     def _read_source(self, src: SourceSpec, shard: tuple[int, int] | None = None) -> ray.data.Dataset:
         opts = dict(src.options)
         if src.format == "dataset":
-            return read_dataset(src.uri, provenance=True, shard=shard, **opts, **src.storage)
+            return read_dataset(src.uri, provenance=True, shard=shard, **opts, **src.storage,
+                                ray_remote_args=self._retries())
         reader = getattr(connectors, get_format(src.format).reader)
         return reader(
             src.uri, provenance=True, mark_errors=self.spec.on_error != "fail",
-            shard=shard, **opts, **src.storage,
+            shard=shard, **opts, **src.storage, ray_remote_args=self._retries(),
         )
 
     def source_schema(self) -> pa.Schema:
@@ -569,10 +615,11 @@ class Pipeline:
                 seed=self.spec.seed,
             )
         on_error = self.spec.on_error
+        retries = self._retries()
         ds = ds.map_batches(
             _Stage([], on_error=on_error, counters=counters, quarantine=quarantine,
                    count_input=True),
-            batch_format="pyarrow", zero_copy_batch=True,
+            batch_format="pyarrow", zero_copy_batch=True, **retries,
         )
         group: list[Any] = []
         n_stages = [0]
@@ -585,7 +632,7 @@ class Pipeline:
                     _Stage(list(group), on_error=on_error, counters=counters, quarantine=quarantine,
                            stage_id=f"{n_stages[0]}:" + "+".join(t.name for t in group),
                            first_index=first[0]),
-                    batch_format="pyarrow", zero_copy_batch=True,
+                    batch_format="pyarrow", zero_copy_batch=True, **retries,
                 )
                 group.clear()
             return ds
@@ -646,6 +693,82 @@ class Pipeline:
 
     # -- batch run -------------------------------------------------------------------
 
+    def _crash_error(self, counters: Any) -> WorkerCrashError | None:
+        """The error naming the batch whose worker kept dying, if that ended the run."""
+        try:
+            crashed = ray.get(counters.crashed.remote(), timeout=30)
+        except Exception:  # noqa: BLE001 - the original error is reported instead
+            return None
+        retries = self.spec.task_retries
+        dead = [(n, what) for n, what in crashed if n > retries]
+        if not dead:
+            return None
+        n, what = dead[0]
+        return WorkerCrashError(
+            f"{self.name}: the worker running {what} died {n} times (task_retries={retries}); "
+            "the run stopped and nothing was committed. The input likely crashes the "
+            "transform (a segfault or an out-of-memory kill): fix or remove that input, "
+            "or the transform, and rerun."
+        )
+
+    def fingerprint_parts(self) -> tuple[dict[str, Any], tuple[Any, ...]]:
+        """What this run's output depends on, and the input listing, read from storage now.
+
+        Returns ``(parts, listing)``: the parts (spec fingerprint, a digest
+        of the input listing, digests of files the transforms read, the
+        output format version) whose hash is the committed fingerprint, and
+        the listing itself (path, size, generation / mtime per input file).
+        No Ray.
+        """
+        inputs = self.input_listing()
+        files = _rerun.transform_file_digests(self.spec)
+        return _rerun.fingerprint_parts(self.fingerprint, inputs, files), inputs
+
+    def decide(self, *, overwrite: bool = False) -> RunReport | None:
+        """Whether a run has anything to do, decided from storage alone (no Ray).
+
+        Returns the ``already_committed`` report when the sink is committed
+        with this run's fingerprint (same spec, same input listing, same
+        files read by transforms, same output format version); None when a
+        run must compute (nothing committed yet, or ``overwrite``).
+
+        Raises:
+            SpecError: the spec has no sink.
+            AlreadyCommittedError: the sink holds another pipeline's dataset,
+                or this pipeline's from other input; the message says what
+                changed and how to proceed.
+        """
+        sink = self.spec.sink
+        if sink is None:
+            raise SpecError(f"{self.source_name}: missing required key 'sink' (format and uri) "
+                            "to run; use dataset() for a pipeline without a sink.")
+        self.check_sink()
+        target = resolve_filesystem(sink.uri, **sink.storage)
+        parts, inputs = self.fingerprint_parts()
+        self._decided = (parts, inputs)
+        fp = _rerun.combine(parts)
+        if overwrite or not is_committed(target):
+            return None
+        existing = read_manifest(target)  # CorruptManifestError: --overwrite replaces it
+        if existing.fingerprint == fp:
+            return _already_committed(self.name, target.uri, fp, existing)
+        old_parts = existing.metadata.get(_rerun.PARTS_KEY)
+        old_spec = old_parts.get("spec") if isinstance(old_parts, dict) else existing.fingerprint
+        if old_spec != self.fingerprint:
+            raise AlreadyCommittedError(
+                f"{target.uri} already holds a committed dataset written by another pipeline "
+                f"(fingerprint {existing.fingerprint}, this one is {fp}). Pass --overwrite "
+                "(Pipeline.run(overwrite=True)) to replace it, or change sink.uri."
+            )
+        reasons = _rerun.what_changed(
+            old_parts if isinstance(old_parts, dict) else None, parts, existing.inputs, inputs)
+        raise AlreadyCommittedError(
+            f"{target.uri} is committed by this pipeline from other input: "
+            f"{'; '.join(reasons)}. Pass --overwrite (Pipeline.run(overwrite=True)) to recompute "
+            f"it in place, or give each run its own dataset with a dated sink "
+            f"(--set 'sink.uri={_rerun.dated(sink.uri)}')."
+        )
+
     def run(self, *, overwrite: bool = False, progress: bool = False,
             progress_interval: float | None = None) -> RunReport:
         """Runs the pipeline and commits its sink.
@@ -674,27 +797,13 @@ class Pipeline:
         self.check_sink()
         storage = dict(sink.storage)
         target = resolve_filesystem(sink.uri, **storage)
-        fp = self.fingerprint
-        existing = None
-        if is_committed(target):
-            try:
-                existing = read_manifest(target)
-            except CorruptManifestError:
-                # An overwrite replaces it (the writer keeps the bad file aside).
-                if not overwrite:
-                    raise
-        if existing is not None:
-            if existing.fingerprint == fp and not overwrite:
-                return _already_committed(self.name, target.uri, fp, existing)
-            if not overwrite:
-                raise AlreadyCommittedError(
-                    f"{target.uri} already holds a committed dataset written by another pipeline "
-                    f"(fingerprint {existing.fingerprint}, this one is {fp}). Pass --overwrite "
-                    "(Pipeline.run(overwrite=True)) to replace it, or change sink.uri."
-                )
+        decided = self.decide(overwrite=overwrite)
+        if decided is not None:
+            return decided
+        parts, inputs = self._decided
+        fp = _rerun.combine(parts)
         t0 = time.perf_counter()
         self.check()
-        inputs = self.input_listing()
         fitted = self._fitted()
         counters = _Counters.remote()
         # Everything this run writes beside the data is named by its writer id
@@ -710,6 +819,15 @@ class Pipeline:
 
         def before_commit(manifest: Manifest) -> None:
             c: StageCounts = ray.get(counters.get.remote())
+            unreadable = sorted(c.unreadable)
+            if unreadable:
+                raise BadRecordError(
+                    f"{self.name}: {len(unreadable)} input file(s) could not be read at all "
+                    f"({', '.join(repr(f) for f in unreadable[:5])}"
+                    f"{' ...' if len(unreadable) > 5 else ''}): their row count is unknown, so "
+                    "no max_error_fraction can cover them; nothing was committed. Replace or "
+                    "remove them and rerun."
+                )
             bad, read = c.rows_bad, c.rows_read
             if read and bad / read > max_frac:
                 raise BadRecordError(
@@ -721,7 +839,8 @@ class Pipeline:
         def write() -> Manifest:
             return write_parquet(
                 ds, target.uri, fingerprint=fp, overwrite=overwrite,
-                metadata={"pipeline": self.name, "seed": self.spec.seed, "fit_stats": fit_stats},
+                metadata={"pipeline": self.name, "seed": self.spec.seed, "fit_stats": fit_stats,
+                          _rerun.PARTS_KEY: parts},
                 before_commit=before_commit, inputs=inputs, writer_id=writer, report=report_rel,
                 quarantine=quarantine_rel, **dict(sink.options), **storage,
             )
@@ -746,6 +865,11 @@ class Pipeline:
                 if winner.fingerprint == fp and winner.inputs == inputs:
                     return _already_committed(self.name, target.uri, fp, winner)
             raise
+        except Exception as e:
+            crash = self._crash_error(counters) if _worker_died(e) else None
+            if crash is None:
+                raise
+            raise crash from None
         wall = time.perf_counter() - t0
         c: StageCounts = ray.get(counters.get.remote())
         ray.kill(counters)
@@ -785,6 +909,34 @@ class Pipeline:
         # Convenience copy for the latest commit; the manifest names the report.
         write_atomic(target.join(REPORT_NAME), doc)
         return report
+
+
+def _worker_died(e: BaseException) -> bool:
+    """Whether ``e`` (or what caused it) is Ray reporting a dead worker process."""
+    died = (ray.exceptions.WorkerCrashedError, ray.exceptions.OutOfMemoryError,
+            ray.exceptions.NodeDiedError, ray.exceptions.ActorDiedError)
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, died):
+            return True
+        nxt = getattr(cur, "cause", None)
+        cur = nxt if isinstance(nxt, BaseException) else (cur.__cause__ or cur.__context__)
+    return False
+
+
+def _whole_files(bad: pa.Table) -> pa.Array | None:
+    """Mask of the reader's whole-file markers in ``bad``: no row and no raw bytes."""
+    from slicefeed.connectors._readers import RAW_COLUMN
+
+    if not bad.num_rows or PROVENANCE_ROW not in bad.column_names:
+        return None
+    mask = pc.is_null(bad.column(PROVENANCE_ROW))
+    if RAW_COLUMN in bad.column_names:
+        mask = pc.and_(mask, pc.is_null(bad.column(RAW_COLUMN)))
+    mask = mask.combine_chunks() if isinstance(mask, pa.ChunkedArray) else mask
+    return mask if pc.any(mask).as_py() else None
 
 
 def _already_committed(name: str, uri: str, fp: str, m: Manifest) -> RunReport:

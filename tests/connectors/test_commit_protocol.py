@@ -182,6 +182,7 @@ def test_lost_create_response_is_read_back(gcs, bucket):
     from slicefeed.connectors._writers import commit_version
     from tests._faultproxy import FaultProxy
 
+
     with FaultProxy(gcs.host, rate=1.0, faults=("reset_mid",), max_faults=1) as proxy:
         target = resolve_filesystem(f"gs://{bucket}/ds", anonymous=True,
                                     storage_options={"endpoint_url": proxy.endpoint})
