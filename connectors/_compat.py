@@ -35,17 +35,18 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = [
     "CHECKED_VERSIONS",
     "available_resources_per_node",
     "dataset_meta_count",
+    "dataset_preserving_order",
+    "disable_ray_data_progress_bars",
     "gcsfs_undecorated_request",
     "jax_kv_client",
-    "dataset_preserving_order",
     "kv_try_get",
-    "disable_ray_data_progress_bars",
     "quiet_ray_logging",
     "valid_tpu_topologies",
 ]

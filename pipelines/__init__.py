@@ -72,8 +72,8 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "JaxLoader",
     "RECIPES",
+    "JaxLoader",
     "Pipeline",
     "RunReport",
     "SliceSpec",

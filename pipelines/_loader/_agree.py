@@ -79,5 +79,5 @@ class Agreement:
             return
         try:
             self._client().key_value_delete(f"{_KV_PREFIX}/{self.uid}/{tag}/{self.process_index}")
-        except Exception:
+        except Exception:  # noqa: BLE001, S110 - best effort: keys are tiny
             pass

@@ -8,7 +8,7 @@ a device.
 from __future__ import annotations
 
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
