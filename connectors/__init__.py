@@ -72,6 +72,7 @@ _LAZY = {
     "new_writer_id": "_commit",
     "vacuum": "_commit",
     "write_atomic": "_commit",
+    "verify_shards": "_verify",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -106,6 +107,7 @@ if TYPE_CHECKING:  # pragma: no cover
         read_parquet,
         read_text,
     )
+    from slicefeed.connectors._verify import verify_shards
     from slicefeed.connectors._writers import read_dataset, write_parquet
 
 
@@ -125,20 +127,9 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "AlreadyCommittedError",
-    "BadRecordError",
-    "CommitConflictError",
-    "CorruptFileError",
-    "CorruptManifestError",
     "DEFAULT_RETAIN_HOURS",
     "ERROR_COLUMN",
-    "InputFile",
-    "Lease",
     "MANIFEST_NAME",
-    "Manifest",
-    "ManifestFile",
-    "MissingColumnError",
-    "NotCommittedError",
     "ON_ERROR_POLICIES",
     "PROVENANCE_FILE",
     "PROVENANCE_ROW",
@@ -147,6 +138,17 @@ __all__ = [
     "REPORTS_DIR",
     "REPORT_NAME",
     "RESERVED_COLUMNS",
+    "AlreadyCommittedError",
+    "BadRecordError",
+    "CommitConflictError",
+    "CorruptFileError",
+    "CorruptManifestError",
+    "InputFile",
+    "Lease",
+    "Manifest",
+    "ManifestFile",
+    "MissingColumnError",
+    "NotCommittedError",
     "ResolvedPath",
     "ShardMismatchError",
     "SlicefeedError",
@@ -171,6 +173,7 @@ __all__ = [
     "printable",
     "short_repr",
     "vacuum",
+    "verify_shards",
     "write_atomic",
     "write_parquet",
 ]

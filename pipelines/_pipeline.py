@@ -56,6 +56,7 @@ from slicefeed.connectors import (
 )
 from slicefeed.connectors._compat import task_retry_args
 from slicefeed.connectors._formats import get_format
+from slicefeed.pipelines import _rerun
 from slicefeed.pipelines._spec import (
     STORAGE_OPTIONS,
     expand_uri_templates,
@@ -616,6 +617,64 @@ class Pipeline:
             "or the transform, and rerun."
         )
 
+    def fingerprint_parts(self) -> tuple[dict[str, Any], tuple[Any, ...]]:
+        """What this run's output depends on, and the input listing, read from storage now.
+
+        Returns ``(parts, listing)``: the parts (spec fingerprint, a digest
+        of the input listing, digests of files the transforms read, the
+        output format version) whose hash is the committed fingerprint, and
+        the listing itself (path, size, generation / mtime per input file).
+        No Ray.
+        """
+        inputs = self.input_listing()
+        files = _rerun.transform_file_digests(self.spec)
+        return _rerun.fingerprint_parts(self.fingerprint, inputs, files), inputs
+
+    def decide(self, *, overwrite: bool = False) -> RunReport | None:
+        """Whether a run has anything to do, decided from storage alone (no Ray).
+
+        Returns the ``already_committed`` report when the sink is committed
+        with this run's fingerprint (same spec, same input listing, same
+        files read by transforms, same output format version); None when a
+        run must compute (nothing committed yet, or ``overwrite``).
+
+        Raises:
+            SpecError: the spec has no sink.
+            AlreadyCommittedError: the sink holds another pipeline's dataset,
+                or this pipeline's from other input; the message says what
+                changed and how to proceed.
+        """
+        if "sink" not in self.spec:
+            raise SpecError(f"{self.source_name}: missing required key 'sink' (format and uri) "
+                            "to run; use dataset() for a pipeline without a sink.")
+        sink = self.spec["sink"]
+        self.check_sink()
+        target = resolve_filesystem(sink["uri"], **self._storage(sink))
+        parts, inputs = self.fingerprint_parts()
+        self._decided = (parts, inputs)
+        fp = _rerun.combine(parts)
+        if overwrite or not is_committed(target):
+            return None
+        existing = read_manifest(target)  # CorruptManifestError: --overwrite replaces it
+        if existing.fingerprint == fp:
+            return _already_committed(self.name, target.uri, fp, existing)
+        old_parts = existing.metadata.get(_rerun.PARTS_KEY)
+        old_spec = old_parts.get("spec") if isinstance(old_parts, dict) else existing.fingerprint
+        if old_spec != self.fingerprint:
+            raise AlreadyCommittedError(
+                f"{target.uri} already holds a committed dataset written by another pipeline "
+                f"(fingerprint {existing.fingerprint}, this one is {fp}). Pass --overwrite "
+                "(Pipeline.run(overwrite=True)) to replace it, or change sink.uri."
+            )
+        reasons = _rerun.what_changed(
+            old_parts if isinstance(old_parts, dict) else None, parts, existing.inputs, inputs)
+        raise AlreadyCommittedError(
+            f"{target.uri} is committed by this pipeline from other input: "
+            f"{'; '.join(reasons)}. Pass --overwrite (Pipeline.run(overwrite=True)) to recompute "
+            f"it in place, or give each run its own dataset with a dated sink "
+            f"(--set 'sink.uri={_rerun.dated(sink['uri'])}')."
+        )
+
     def run(self, *, overwrite: bool = False, progress: bool = False,
             progress_interval: float | None = None) -> RunReport:
         """Runs the pipeline and commits its sink.
@@ -644,27 +703,13 @@ class Pipeline:
         self.check_sink()
         storage = self._storage(sink)
         target = resolve_filesystem(sink["uri"], **storage)
-        fp = self.fingerprint
-        existing = None
-        if is_committed(target):
-            try:
-                existing = read_manifest(target)
-            except CorruptManifestError:
-                # An overwrite replaces it (the writer keeps the bad file aside).
-                if not overwrite:
-                    raise
-        if existing is not None:
-            if existing.fingerprint == fp and not overwrite:
-                return _already_committed(self.name, target.uri, fp, existing)
-            if not overwrite:
-                raise AlreadyCommittedError(
-                    f"{target.uri} already holds a committed dataset written by another pipeline "
-                    f"(fingerprint {existing.fingerprint}, this one is {fp}). Pass --overwrite "
-                    "(Pipeline.run(overwrite=True)) to replace it, or change sink.uri."
-                )
+        decided = self.decide(overwrite=overwrite)
+        if decided is not None:
+            return decided
+        parts, inputs = self._decided
+        fp = _rerun.combine(parts)
         t0 = time.perf_counter()
         self.check()
-        inputs = self.input_listing()
         fitted = self._fitted()
         counters = _Counters.remote()
         # Everything this run writes beside the data is named by its writer id
@@ -701,7 +746,8 @@ class Pipeline:
         def write() -> Manifest:
             return write_parquet(
                 ds, target.uri, fingerprint=fp, overwrite=overwrite,
-                metadata={"pipeline": self.name, "seed": self.spec["seed"], "fit_stats": fit_stats},
+                metadata={"pipeline": self.name, "seed": self.spec["seed"], "fit_stats": fit_stats,
+                          _rerun.PARTS_KEY: parts},
                 before_commit=before_commit, inputs=inputs, writer_id=writer, report=report_rel,
                 quarantine=quarantine_rel, **dict(sink.get("options") or {}), **storage,
             )
