@@ -36,7 +36,6 @@ from slicefeed.connectors import (
     AlreadyCommittedError,
     BadRecordError,
     CommitConflictError,
-    CorruptManifestError,
     InputFile,
     Manifest,
     MissingColumnError,
