@@ -27,6 +27,9 @@ from slicefeed.connectors._errors import (
     ShardMismatchError,
     SlicefeedError,
     SpecError,
+    WorkerCrashError,
+    printable,
+    short_repr,
 )
 from slicefeed.connectors._names import (
     ERROR_COLUMN,
@@ -69,6 +72,7 @@ _LAZY = {
     "new_writer_id": "_commit",
     "vacuum": "_commit",
     "write_atomic": "_commit",
+    "verify_shards": "_verify",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -103,6 +107,7 @@ if TYPE_CHECKING:  # pragma: no cover
         read_parquet,
         read_text,
     )
+    from slicefeed.connectors._verify import verify_shards
     from slicefeed.connectors._writers import read_dataset, write_parquet
 
 
@@ -122,20 +127,9 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "AlreadyCommittedError",
-    "BadRecordError",
-    "CommitConflictError",
-    "CorruptFileError",
-    "CorruptManifestError",
     "DEFAULT_RETAIN_HOURS",
     "ERROR_COLUMN",
-    "InputFile",
-    "Lease",
     "MANIFEST_NAME",
-    "Manifest",
-    "ManifestFile",
-    "MissingColumnError",
-    "NotCommittedError",
     "ON_ERROR_POLICIES",
     "PROVENANCE_FILE",
     "PROVENANCE_ROW",
@@ -144,10 +138,22 @@ __all__ = [
     "REPORTS_DIR",
     "REPORT_NAME",
     "RESERVED_COLUMNS",
+    "AlreadyCommittedError",
+    "BadRecordError",
+    "CommitConflictError",
+    "CorruptFileError",
+    "CorruptManifestError",
+    "InputFile",
+    "Lease",
+    "Manifest",
+    "ManifestFile",
+    "MissingColumnError",
+    "NotCommittedError",
     "ResolvedPath",
     "ShardMismatchError",
     "SlicefeedError",
     "SpecError",
+    "WorkerCrashError",
     "VacuumResult",
     "check_sink_outside_sources",
     "current_version",
@@ -164,7 +170,10 @@ __all__ = [
     "read_parquet",
     "read_text",
     "resolve_filesystem",
+    "printable",
+    "short_repr",
     "vacuum",
+    "verify_shards",
     "write_atomic",
     "write_parquet",
 ]

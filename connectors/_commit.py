@@ -30,7 +30,8 @@ import re
 import threading
 import time
 import uuid
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from slicefeed.connectors._errors import CorruptManifestError, SpecError
 from slicefeed.connectors._fs import ResolvedPath, expand_paths, has_glob, resolve_filesystem
@@ -190,7 +191,7 @@ class Lease:
         self.adopted.update(names)
         self.refresh()
 
-    def start(self) -> "Lease":
+    def start(self) -> Lease:
         self.refresh()
         interval = max(self.ttl_s / 12.0, 0.5)
 
@@ -331,7 +332,7 @@ def _parse_time(s: str) -> float | None:
     except (TypeError, ValueError):
         return None
     if t.tzinfo is None:
-        t = t.replace(tzinfo=dt.timezone.utc)
+        t = t.replace(tzinfo=dt.UTC)
     return t.timestamp()
 
 

@@ -243,7 +243,7 @@ class Manifest:
         return json.dumps(doc, indent=2, sort_keys=False)
 
     @classmethod
-    def from_json(cls, text: str | bytes, *, source: str = "<manifest>") -> "Manifest":
+    def from_json(cls, text: str | bytes, *, source: str = "<manifest>") -> Manifest:
         """Parses and validates a manifest document (either format).
 
         Raises:
@@ -330,7 +330,7 @@ def _short(x: Any, limit: int = 200) -> str:
 
 
 def now_iso() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
 def version_name(version: int) -> str:

@@ -18,7 +18,8 @@ import dataclasses
 import hashlib
 import logging
 import os
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -26,7 +27,6 @@ import ray
 from ray.data.block import Block, BlockAccessor
 from ray.data.datasource import Datasink
 from ray.data.datasource.datasink import WriteResult
-
 from slicefeed.connectors._commit import (
     SHARD_PREFIX,
     Lease,
@@ -39,9 +39,9 @@ from slicefeed.connectors._commit import (
 )
 from slicefeed.connectors._errors import (
     AlreadyCommittedError,
-    MissingColumnError,
     CommitConflictError,
     CorruptManifestError,
+    MissingColumnError,
 )
 from slicefeed.connectors._fs import ResolvedPath, resolve_filesystem
 from slicefeed.connectors._manifest import (
@@ -54,6 +54,7 @@ from slicefeed.connectors._manifest import (
     read_manifest,
     version_name,
 )
+from slicefeed.connectors._verify import verify_shards
 
 logger = logging.getLogger(__name__)
 
@@ -335,6 +336,7 @@ def read_dataset(
     columns: Sequence[str] | None = None,
     provenance: bool = False,
     version: int | None = None,
+    verify: bool = False,
     shard: tuple[int, int] | None = None,
     **kwargs: Any,
 ) -> ray.data.Dataset:
@@ -349,13 +351,20 @@ def read_dataset(
         provenance: Add ``_sf_file`` (shard name) and ``_sf_row`` columns.
         version: The manifest version to read (default: the current one); an
             older version is readable until ``slicefeed vacuum`` removes it.
+        verify: Also check every shard's SHA-256 against the manifest (reads
+            every byte). Sizes (from one listing) and row counts (from the
+            footers) are always checked.
         shard: ``(index, count)``: read only the manifest's files ``index::count``.
         **kwargs: ``credentials``/``anonymous``/``project``/``storage_options`` go to
             :func:`resolve_filesystem`; the rest to ``ray.data.read_parquet``.
 
     Raises:
-        NotCommittedError: ``uri`` has no manifest.
+        NotCommittedError: ``uri`` has no manifest (or not ``version``).
+        CorruptManifestError: The manifest does not validate.
         FileNotFoundError: A file the manifest lists is missing.
+        ShardMismatchError: A shard's size, row count or (``verify``) SHA-256
+            differs from the manifest; names the first such shard.
+        CorruptFileError: A shard's Parquet footer does not parse; names it.
     """
     from slicefeed.connectors._readers import ParquetFilesDatasource, _split_kwargs, shard_files
 
@@ -372,6 +381,7 @@ def read_dataset(
     if not manifest.files:
         return ray.data.from_arrow(manifest.schema.empty_table())
     files = shard_files(list(manifest.files), shard, uri=target.uri)
+    verify_shards(target, dataclasses.replace(manifest, files=tuple(files)), checksums=verify)
     paths = [target.join(f.path).path for f in files]
     if provenance:
         return ray.data.read_datasource(

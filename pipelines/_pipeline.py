@@ -22,6 +22,7 @@ from importlib import metadata as _md
 from typing import Any, Mapping, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import ray
 
 import slicefeed.connectors as connectors
@@ -40,6 +41,7 @@ from slicefeed.connectors import (
     Manifest,
     MissingColumnError,
     SpecError,
+    WorkerCrashError,
     check_sink_outside_sources,
     is_committed,
     list_inputs,
@@ -85,6 +87,17 @@ class _Counters:
     def __init__(self) -> None:
         self.counts: dict[str, int] = {}
         self.seen: set[str] = set()
+        # Batches a stage started: key -> [attempts, what the batch holds].
+        self.started: dict[str, list[Any]] = {}
+
+    def begin(self, key: str, what: str) -> None:
+        entry = self.started.setdefault(key, [0, what])
+        entry[0] += 1
+
+    def crashed(self) -> list[tuple[int, str]]:
+        """(attempts, what) of batches started but never finished, most attempts first."""
+        out = [(n, what) for k, (n, what) in self.started.items() if k not in self.seen]
+        return sorted(out, reverse=True)
 
     def add(self, delta: dict[str, int], key: str | None = None) -> None:
         if key is not None:
@@ -112,6 +125,16 @@ def _batch_key(stage: str, table: pa.Table) -> str | None:
     h.update(enc.indices.to_numpy(zero_copy_only=False).tobytes())
     h.update("\0".join(enc.dictionary.to_pylist()).encode())
     return h.hexdigest()
+
+
+def _describe_batch(table: pa.Table, transforms: Sequence[Any]) -> str:
+    """``transform(s) a, b on file(s) x (rows i..j)`` for a batch (vectorised)."""
+    names = ", ".join(t.name for t in transforms)
+    files = table.column(PROVENANCE_FILE).unique().to_pylist()[:3]
+    rows = table.column(PROVENANCE_ROW)
+    lo, hi = pc.min(rows).as_py(), pc.max(rows).as_py()
+    return (f"transform(s) {names} on input file(s) {', '.join(repr(f) for f in files)}"
+            + (f" (rows {lo}..{hi})" if lo is not None else ""))
 
 
 class _Stage:
@@ -160,11 +183,22 @@ class _Stage:
         from slicefeed.transforms import split_errors
 
         key = _batch_key(self.stage_id, table) if self.counters is not None else None
+        if key is not None and self.transforms:
+            # Recorded before the transforms run, so a batch that kills its
+            # worker is known to the driver by its files and transforms.
+            ray.get(self.counters.begin.remote(key, _describe_batch(table, self.transforms)))
         delta: dict[str, int] = {}
         if self.count_input:
-            delta["rows_read"] = table.num_rows
             # Records the reader could not decode (mark_errors=True).
             table, bad = split_errors(table)
+            unreadable = _whole_files(bad)
+            if unreadable is not None:
+                # A file whose row count is unknown: no error budget can
+                # cover it (before_commit fails the run), and it is not rows.
+                for f in set(bad.column(PROVENANCE_FILE).filter(unreadable).to_pylist()):
+                    delta[f"unreadable:{f}"] = 1
+                bad = bad.filter(pc.invert(unreadable))
+            delta["rows_read"] = table.num_rows + bad.num_rows
             if bad.num_rows:
                 self._handle_bad(bad, "read", delta)
             if RAW_COLUMN in table.column_names:
@@ -369,14 +403,24 @@ class Pipeline:
     def _storage(src: Mapping[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in (src.get("storage") or {}).items() if k in STORAGE_OPTIONS}
 
+    def _retries(self) -> dict[str, Any]:
+        """Ray remote args bounding the reruns of a task whose worker died.
+
+        Ray Data's default (``max_retries=-1``) reruns such a task forever; a
+        record that kills its worker every time (a segfault, an OOM kill)
+        would make the run loop. Exceptions are not retried either way.
+        """
+        return {"max_retries": int(self.spec.get("task_retries", 2))}
+
     def _read_source(self, src: Mapping[str, Any], shard: tuple[int, int] | None = None) -> ray.data.Dataset:
         opts = dict(src.get("options") or {})
         if src["format"] == "dataset":
-            return read_dataset(src["uri"], provenance=True, shard=shard, **opts, **self._storage(src))
+            return read_dataset(src["uri"], provenance=True, shard=shard, **opts, **self._storage(src),
+                                ray_remote_args=self._retries())
         reader = getattr(connectors, get_format(src["format"]).reader)
         return reader(
             src["uri"], provenance=True, mark_errors=self.spec["on_error"] != "fail",
-            shard=shard, **opts, **self._storage(src),
+            shard=shard, **opts, **self._storage(src), ray_remote_args=self._retries(),
         )
 
     def source_schema(self) -> pa.Schema:
@@ -473,10 +517,11 @@ class Pipeline:
                 seed=int(self.spec["seed"]),
             )
         on_error = self.spec["on_error"]
+        retries = self._retries()
         ds = ds.map_batches(
             _Stage([], on_error=on_error, counters=counters, quarantine=quarantine,
                    count_input=True),
-            batch_format="pyarrow", zero_copy_batch=True,
+            batch_format="pyarrow", zero_copy_batch=True, **retries,
         )
         group: list[Any] = []
         n_stages = [0]
@@ -489,7 +534,7 @@ class Pipeline:
                     _Stage(list(group), on_error=on_error, counters=counters, quarantine=quarantine,
                            stage_id=f"{n_stages[0]}:" + "+".join(t.name for t in group),
                            first_index=first[0]),
-                    batch_format="pyarrow", zero_copy_batch=True,
+                    batch_format="pyarrow", zero_copy_batch=True, **retries,
                 )
                 group.clear()
             return ds
@@ -546,6 +591,24 @@ class Pipeline:
         return ds
 
     # -- batch run -------------------------------------------------------------------
+
+    def _crash_error(self, counters: Any) -> WorkerCrashError | None:
+        """The error naming the batch whose worker kept dying, if that ended the run."""
+        try:
+            crashed = ray.get(counters.crashed.remote(), timeout=30)
+        except Exception:  # noqa: BLE001 - the original error is reported instead
+            return None
+        retries = int(self.spec.get("task_retries", 2))
+        dead = [(n, what) for n, what in crashed if n > retries]
+        if not dead:
+            return None
+        n, what = dead[0]
+        return WorkerCrashError(
+            f"{self.name}: the worker running {what} died {n} times (task_retries={retries}); "
+            "the run stopped and nothing was committed. The input likely crashes the "
+            "transform (a segfault or an out-of-memory kill): fix or remove that input, "
+            "or the transform, and rerun."
+        )
 
     def fingerprint_parts(self) -> tuple[dict[str, Any], tuple[Any, ...]]:
         """What this run's output depends on, and the input listing, read from storage now.
@@ -655,6 +718,15 @@ class Pipeline:
 
         def before_commit(manifest: Manifest) -> None:
             c = ray.get(counters.get.remote())
+            unreadable = sorted(k.split(":", 1)[1] for k in c if k.startswith("unreadable:"))
+            if unreadable:
+                raise BadRecordError(
+                    f"{self.name}: {len(unreadable)} input file(s) could not be read at all "
+                    f"({', '.join(repr(f) for f in unreadable[:5])}"
+                    f"{' ...' if len(unreadable) > 5 else ''}): their row count is unknown, so "
+                    "no max_error_fraction can cover them; nothing was committed. Replace or "
+                    "remove them and rerun."
+                )
             bad = c.get("rows_skipped", 0) + c.get("rows_quarantined", 0)
             read = c.get("rows_read", 0)
             if read and bad / read > max_frac:
@@ -693,6 +765,11 @@ class Pipeline:
                 if winner.fingerprint == fp and winner.inputs == inputs:
                     return _already_committed(self.name, target.uri, fp, winner)
             raise
+        except Exception as e:
+            crash = self._crash_error(counters) if _worker_died(e) else None
+            if crash is None:
+                raise
+            raise crash from None
         wall = time.perf_counter() - t0
         c = ray.get(counters.get.remote())
         ray.kill(counters)
@@ -737,6 +814,34 @@ class Pipeline:
         # Convenience copy for the latest commit; the manifest names the report.
         write_atomic(target.join(REPORT_NAME), doc)
         return report
+
+
+def _worker_died(e: BaseException) -> bool:
+    """Whether ``e`` (or what caused it) is Ray reporting a dead worker process."""
+    died = (ray.exceptions.WorkerCrashedError, ray.exceptions.OutOfMemoryError,
+            ray.exceptions.NodeDiedError, ray.exceptions.ActorDiedError)
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, died):
+            return True
+        nxt = getattr(cur, "cause", None)
+        cur = nxt if isinstance(nxt, BaseException) else (cur.__cause__ or cur.__context__)
+    return False
+
+
+def _whole_files(bad: pa.Table) -> pa.Array | None:
+    """Mask of the reader's whole-file markers in ``bad``: no row and no raw bytes."""
+    from slicefeed.connectors._readers import RAW_COLUMN
+
+    if not bad.num_rows or PROVENANCE_ROW not in bad.column_names:
+        return None
+    mask = pc.is_null(bad.column(PROVENANCE_ROW))
+    if RAW_COLUMN in bad.column_names:
+        mask = pc.and_(mask, pc.is_null(bad.column(RAW_COLUMN)))
+    mask = mask.combine_chunks() if isinstance(mask, pa.ChunkedArray) else mask
+    return mask if pc.any(mask).as_py() else None
 
 
 def _already_committed(name: str, uri: str, fp: str, m: Manifest) -> RunReport:

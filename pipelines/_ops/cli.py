@@ -117,7 +117,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from slicefeed.pipelines._ops.inspect import inspect_uri
 
-    info = inspect_uri(args.uri, fmt=args.format, options={"delimiter": args.delimiter})
+    info = inspect_uri(args.uri, fmt=args.format, options={"delimiter": args.delimiter},
+                       verify=args.verify)
     if args.json:
         print(json.dumps(info, indent=2, default=str))
         return EXIT_OK
@@ -126,6 +127,10 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     print(f"  files: {len(info['files'])}, bytes: {info['num_bytes']:,}")
     if info.get("fingerprint"):
         print(f"  fingerprint: {info['fingerprint']}")
+    if info.get("version") is not None:
+        print(f"  version: {info['version']} (retained: {', '.join(map(str, info['versions']))})")
+        what = "SHA-256, sizes and row counts" if args.verify else "sizes and row counts"
+        print(f"  verified: {len(info['files'])} shards ({what} match the manifest)")
     print("  schema:")
     for name, typ in info["schema"].items():
         print(f"    {name}: {typ}")
@@ -278,6 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="CSV field delimiter (default: tab for .tsv files, else comma)")
     p.add_argument("--json", action="store_true", help="print as JSON")
     p.add_argument("--max-files", type=int, default=20, help="files to list (default 20)")
+    p.add_argument("--verify", action="store_true",
+                   help="check every shard's SHA-256 against the manifest (reads all bytes)")
     p.set_defaults(handler=_cmd_inspect)
 
     p = sub.add_parser("vacuum", help="remove old versions of a committed dataset and files "

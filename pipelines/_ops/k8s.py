@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import shlex
 import os
 import re
 import shlex

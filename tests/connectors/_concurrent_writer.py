@@ -16,13 +16,13 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from tests._harness import configure_process_env  # noqa: E402
+from tests._harness import configure_process_env
 
 configure_process_env()
 
-import ray  # noqa: E402
-from slicefeed import connectors  # noqa: E402
-from slicefeed.connectors import write_parquet  # noqa: E402
+import ray
+from slicefeed import connectors
+from slicefeed.connectors import write_parquet
 
 # Named by the commit protocol; absent from older slicefeed versions, whose
 # both writers "commit" (the failure the test shows).

@@ -177,9 +177,10 @@ def test_version_1_manifest_reads_as_version_1_and_overwrite_makes_2(ray_cluster
 def test_lost_create_response_is_read_back(gcs, bucket):
     """The version create reaches GCS but its response is lost; gcsfs retries and
     gets 412: the writer reads the object back, finds its own id, and has won."""
-    from tests._faultproxy import FaultProxy
     from slicefeed.connectors import Manifest
     from slicefeed.connectors._writers import commit_version
+
+    from tests._faultproxy import FaultProxy
 
     with FaultProxy(gcs.host, rate=1.0, faults=("reset_mid",), max_faults=1) as proxy:
         target = resolve_filesystem(f"gs://{bucket}/ds", anonymous=True,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from tests.pipelines._data import make_table
 
 
@@ -14,7 +15,6 @@ def env(ray_cluster, jax_cpu):
 
 def test_loader_keeps_reading_the_version_it_opened(env, local_dir):
     import ray
-
     from slicefeed.connectors import current_version, write_parquet
     from slicefeed.pipelines import JaxLoader
 
