@@ -57,7 +57,7 @@ def ensure_dataset(rows: int, files: int, row_group: int, *, log=print) -> dict:
     """Writes (once) ``files`` Parquet files of LM rows plus a slicefeed manifest over them.
 
     Returns the dataset description: dir, files, rows, expected checksums, bytes.
-    The same Parquet files are read by every case; the ``_manifest.json`` makes
+    The same Parquet files are read by every case; the manifest version makes
     the directory a committed slicefeed dataset (JaxLoader reads it by URI).
     """
     import hashlib
@@ -68,7 +68,9 @@ def ensure_dataset(rows: int, files: int, row_group: int, *, log=print) -> dict:
 
     d = dataset_dir(rows, files, row_group)
     meta_path = os.path.join(d, "bench_meta.json")
-    if os.path.exists(meta_path) and os.path.exists(os.path.join(d, "_manifest.json")):
+    if os.path.exists(meta_path) and (
+        os.path.exists(os.path.join(d, "_manifest.json"))
+        or os.path.isdir(os.path.join(d, "_versions"))):
         with open(meta_path) as f:
             return json.load(f)
     if rows % files:
@@ -109,13 +111,17 @@ def ensure_dataset(rows: int, files: int, row_group: int, *, log=print) -> dict:
         manifest_files.append((name, per_file, len(data), hashlib.sha256(data).hexdigest()))
         paths.append(path)
     from slicefeed.connectors import Manifest, ManifestFile
+    from slicefeed.connectors._manifest import version_name
 
     m = Manifest(
         files=tuple(ManifestFile(*x) for x in manifest_files),
         schema=schema,
         metadata={"generator": "benchmarks/_benchlib.py"},
+        version=1,
+        writer="benchmark",
     )
-    with open(os.path.join(d, "_manifest.json"), "w") as f:
+    os.makedirs(os.path.join(d, "_versions"), exist_ok=True)
+    with open(os.path.join(d, version_name(1)), "w") as f:
         f.write(m.to_json())
     meta = {
         "dir": d,

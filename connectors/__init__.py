@@ -5,7 +5,7 @@ Public API::
     from slicefeed.connectors import (
         resolve_filesystem, expand_paths,
         read_parquet, read_jsonl, read_csv, read_text,
-        write_parquet, read_dataset, read_manifest,
+        write_parquet, read_dataset, read_manifest, vacuum,
         SpecError, MissingColumnError, ...         # errors (one module, picklable)
         PROVENANCE_FILE, PROVENANCE_ROW, ERROR_COLUMN, ON_ERROR_POLICIES, ...
     )
@@ -19,11 +19,17 @@ from typing import TYPE_CHECKING, Any
 from slicefeed.connectors._errors import (
     AlreadyCommittedError,
     BadRecordError,
+    CommitConflictError,
     CorruptFileError,
+    CorruptManifestError,
     MissingColumnError,
     NotCommittedError,
+    ShardMismatchError,
     SlicefeedError,
     SpecError,
+    WorkerCrashError,
+    printable,
+    short_repr,
 )
 from slicefeed.connectors._names import (
     ERROR_COLUMN,
@@ -48,21 +54,50 @@ _LAZY = {
     "read_dataset": "_writers",
     "write_parquet": "_writers",
     "MANIFEST_NAME": "_manifest",
+    "QUARANTINE_DIR": "_manifest",
     "REPORT_NAME": "_manifest",
+    "REPORTS_DIR": "_manifest",
+    "InputFile": "_manifest",
     "Manifest": "_manifest",
     "ManifestFile": "_manifest",
+    "current_version": "_manifest",
     "is_committed": "_manifest",
+    "list_versions": "_manifest",
     "read_manifest": "_manifest",
+    "DEFAULT_RETAIN_HOURS": "_commit",
+    "Lease": "_commit",
+    "VacuumResult": "_commit",
+    "check_sink_outside_sources": "_commit",
+    "list_inputs": "_commit",
+    "new_writer_id": "_commit",
+    "vacuum": "_commit",
+    "write_atomic": "_commit",
+    "verify_shards": "_verify",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
+    from slicefeed.connectors._commit import (
+        DEFAULT_RETAIN_HOURS,
+        Lease,
+        VacuumResult,
+        check_sink_outside_sources,
+        list_inputs,
+        new_writer_id,
+        vacuum,
+        write_atomic,
+    )
     from slicefeed.connectors._fs import ResolvedPath, expand_paths, resolve_filesystem
     from slicefeed.connectors._manifest import (
         MANIFEST_NAME,
+        QUARANTINE_DIR,
         REPORT_NAME,
+        REPORTS_DIR,
+        InputFile,
         Manifest,
         ManifestFile,
+        current_version,
         is_committed,
+        list_versions,
         read_manifest,
     )
     from slicefeed.connectors._readers import (
@@ -72,6 +107,7 @@ if TYPE_CHECKING:  # pragma: no cover
         read_parquet,
         read_text,
     )
+    from slicefeed.connectors._verify import verify_shards
     from slicefeed.connectors._writers import read_dataset, write_parquet
 
 
@@ -91,33 +127,53 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "AlreadyCommittedError",
-    "BadRecordError",
-    "CorruptFileError",
+    "DEFAULT_RETAIN_HOURS",
     "ERROR_COLUMN",
     "MANIFEST_NAME",
+    "ON_ERROR_POLICIES",
+    "PROVENANCE_FILE",
+    "PROVENANCE_ROW",
+    "QUARANTINE_DIR",
+    "RAW_COLUMN",
+    "REPORTS_DIR",
+    "REPORT_NAME",
+    "RESERVED_COLUMNS",
+    "AlreadyCommittedError",
+    "BadRecordError",
+    "CommitConflictError",
+    "CorruptFileError",
+    "CorruptManifestError",
+    "InputFile",
+    "Lease",
     "Manifest",
     "ManifestFile",
     "MissingColumnError",
     "NotCommittedError",
-    "ON_ERROR_POLICIES",
-    "PROVENANCE_FILE",
-    "PROVENANCE_ROW",
-    "RAW_COLUMN",
-    "REPORT_NAME",
-    "RESERVED_COLUMNS",
     "ResolvedPath",
+    "ShardMismatchError",
     "SlicefeedError",
     "SpecError",
+    "WorkerCrashError",
+    "VacuumResult",
+    "check_sink_outside_sources",
+    "current_version",
     "expand_paths",
     "is_committed",
+    "list_inputs",
+    "list_versions",
+    "new_writer_id",
     "peek_schema",
     "read_csv",
     "read_dataset",
     "read_jsonl",
+    "read_manifest",
     "read_parquet",
     "read_text",
-    "write_parquet",
-    "read_manifest",
     "resolve_filesystem",
+    "printable",
+    "short_repr",
+    "vacuum",
+    "verify_shards",
+    "write_atomic",
+    "write_parquet",
 ]

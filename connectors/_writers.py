@@ -1,21 +1,25 @@
-"""Committed Parquet datasets: shards first, ``_manifest.json`` last.
+"""Committed Parquet datasets: shards first, an immutable manifest version last.
 
 :func:`write_parquet` runs a Ray Data ``Datasink`` whose write tasks each
-encode one Parquet shard in memory, checksum it, and upload it under a
-run-unique name; ``on_write_complete`` (on the driver, after every task
-succeeded) writes the manifest in a single PUT (GCS) or an atomic rename
-(local disk). A run that dies before that leaves shards but no manifest, so
-the prefix never looks committed; :func:`read_dataset` reads only the files a
-manifest lists, and the next successful commit deletes the strays.
+encode one Parquet shard in memory, checksum it, and upload it under a name
+carrying the writer id. After every task succeeded, the driver creates the
+next manifest version put-if-absent (:mod:`._commit`): exactly one of several
+concurrent writers creates it; the others commit nothing and remove only
+their own shards. A run that dies before that leaves shards but no new
+version, so readers keep seeing the previous one; :func:`read_dataset` reads
+only the files a manifest lists, and cleanup after a later commit (or
+``slicefeed vacuum``) removes files no retained version lists and no live
+writer owns.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
-import uuid
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -23,53 +27,54 @@ import ray
 from ray.data.block import Block, BlockAccessor
 from ray.data.datasource import Datasink
 from ray.data.datasource.datasink import WriteResult
-
-from slicefeed.connectors._errors import AlreadyCommittedError, MissingColumnError
+from slicefeed.connectors._commit import (
+    SHARD_PREFIX,
+    Lease,
+    cleanup,
+    new_writer_id,
+    put_if_absent,
+    remove_own,
+    set_aside,
+    write_atomic,
+)
+from slicefeed.connectors._errors import (
+    AlreadyCommittedError,
+    CommitConflictError,
+    CorruptManifestError,
+    MissingColumnError,
+)
 from slicefeed.connectors._fs import ResolvedPath, resolve_filesystem
 from slicefeed.connectors._manifest import (
-    MANIFEST_NAME,
+    InputFile,
     Manifest,
     ManifestFile,
-    manifest_location,
+    list_names,
+    list_versions,
+    now_iso,
     read_manifest,
+    version_name,
 )
+from slicefeed.connectors._verify import verify_shards
 
 logger = logging.getLogger(__name__)
 
-SHARD_PREFIX = "part-"
-
-
-def _write_bytes(target: ResolvedPath, data: bytes) -> None:
-    """Writes ``data`` so a reader sees all of it or nothing."""
-    fs = target.fs
-    if target.protocol == "file":
-        # Ray does not call on_write_start before every plan's write tasks
-        # (seen after a sort), so the folder may not exist yet.
-        os.makedirs(os.path.dirname(target.path), exist_ok=True)
-        tmp = f"{target.path}.tmp-{uuid.uuid4().hex}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target.path)
-    else:
-        # One object PUT: GCS makes an object visible only once fully uploaded.
-        fs.pipe_file(target.path, data)
+__all__ = ["SHARD_PREFIX", "CommittedParquetDatasink", "read_dataset", "write_parquet"]
 
 
 class CommittedParquetDatasink(Datasink[dict]):
-    """Writes one checksummed Parquet shard per write task, then the manifest.
+    """Writes one checksummed Parquet shard per write task and collects the manifest.
+
+    The manifest is built in ``on_write_complete`` (driver, after every task
+    succeeded); :func:`write_parquet` commits it.
 
     Args:
         target: The dataset prefix.
-        run_id: Unique id of this run; part of every shard name.
+        run_id: This writer's id; part of every shard name (``part-<task>-<id>.parquet``).
         fingerprint: Fingerprint of the producing pipeline (stored in the manifest).
         metadata: Extra JSON-serialisable manifest metadata.
         compression: Parquet codec.
         min_rows_per_file: Passed to Ray as the minimum rows per write task.
         row_group_size: Maximum rows per Parquet row group.
-        before_commit: Called with the manifest about to be written; raising
-            aborts the commit (e.g. too many bad records).
     """
 
     def __init__(
@@ -114,15 +119,19 @@ class CommittedParquetDatasink(Datasink[dict]):
         pq.write_table(
             table, sink, compression=self.compression, row_group_size=self.row_group_size
         )
-        data = sink.getvalue().to_pybytes()
+        buf = sink.getvalue()
+        meta = pq.read_metadata(pa.BufferReader(buf))
+        data = buf.to_pybytes()
         name = f"{SHARD_PREFIX}{ctx.task_idx:05d}-{self.run_id}.parquet"
-        _write_bytes(self.target.join(name), data)
+        # Writer-owned name: a retried task may replace its own shard.
+        write_atomic(self.target.join(name), data)
         return {
             "task_idx": ctx.task_idx,
             "path": name,
             "num_rows": table.num_rows,
             "num_bytes": len(data),
             "sha256": hashlib.sha256(data).hexdigest(),
+            "row_groups": [meta.row_group(i).num_rows for i in range(meta.num_row_groups)],
             "schema": table.schema.remove_metadata().serialize().to_pybytes(),
         }
 
@@ -130,27 +139,20 @@ class CommittedParquetDatasink(Datasink[dict]):
         returns = sorted((r for r in write_result.write_returns if r), key=lambda r: r["task_idx"])
         schema = _common_schema(returns, self.target.uri)
         files = tuple(
-            ManifestFile(r["path"], r["num_rows"], r["num_bytes"], r["sha256"]) for r in returns
+            ManifestFile(r["path"], r["num_rows"], r["num_bytes"], r["sha256"],
+                         tuple(r["row_groups"]), self.run_id)
+            for r in returns
         )
-        manifest = Manifest(
+        self.manifest = Manifest(
             files=files,
             schema=schema if schema is not None else pa.schema([]),
             fingerprint=self.fingerprint,
             metadata={**self.metadata, "run_id": self.run_id},
+            writer=self.run_id,
         )
-        if self.before_commit is not None:
-            self.before_commit(manifest)
-        _write_bytes(manifest_location(self.target), manifest.to_json().encode("utf-8"))
-        self.manifest = manifest
-        _delete_strays(self.target, keep={f.path for f in files})
 
     def on_write_failed(self, error: Exception) -> None:
-        logger.warning(
-            "Writing %s failed; nothing was committed. Shards of run %s stay until the "
-            "next successful run removes them.",
-            self.target.uri,
-            self.run_id,
-        )
+        logger.warning("Writing %s failed; nothing was committed.", self.target.uri)
 
 
 def _common_schema(returns: list[dict], uri: str) -> pa.Schema | None:
@@ -173,18 +175,37 @@ def _common_schema(returns: list[dict], uri: str) -> pa.Schema | None:
     return schema
 
 
-def _delete_strays(target: ResolvedPath, *, keep: set[str]) -> None:
-    """Removes shards no manifest lists (crashed runs, the replaced dataset)."""
+def commit_version(target: ResolvedPath, manifest: Manifest) -> None:
+    """Creates ``manifest`` as version ``manifest.version`` of ``target``, put-if-absent.
+
+    A create answered "exists" is read back: if it holds this writer's id,
+    an earlier attempt whose response was lost won, and this is a success.
+
+    Raises:
+        CommitConflictError: another writer created that version.
+    """
+    loc = target.join(version_name(manifest.version))
+    data = manifest.to_json().encode("utf-8")
     try:
-        names = [p.rsplit("/", 1)[-1] for p in target.fs.ls(target.path, detail=False)]
-    except FileNotFoundError:
+        put_if_absent(loc, data)
         return
-    for name in names:
-        if name.startswith(SHARD_PREFIX) and name not in keep:
-            try:
-                target.fs.rm(target.join(name).path)
-            except FileNotFoundError:
-                pass
+    except FileExistsError:
+        pass
+    import json
+
+    try:
+        winner = json.loads(loc.fs.cat_file(loc.path)).get("writer")
+    except (ValueError, AttributeError, FileNotFoundError):
+        winner = None
+    if winner == manifest.writer:
+        return
+    raise CommitConflictError(
+        f"{target.uri}: another writer ({str(winner)[:64]}) committed version "
+        f"{manifest.version} while this one ({manifest.writer}) was writing; this run "
+        "committed nothing and removed its own shards. Read the dataset to use the other "
+        "run's result, or run again with --overwrite to replace it.",
+        version=manifest.version,
+    )
 
 
 def write_parquet(
@@ -199,57 +220,114 @@ def write_parquet(
     row_group_size: int | None = None,
     ray_remote_args: dict[str, Any] | None = None,
     before_commit: Callable[[Manifest], None] | None = None,
+    inputs: Sequence[InputFile] | None = None,
+    writer_id: str | None = None,
+    report: str | None = None,
+    quarantine: str | None = None,
     **fs_kwargs: Any,
 ) -> Manifest:
-    """Writes ``ds`` as a committed Parquet dataset at ``uri`` and returns its manifest.
+    """Writes ``ds`` as a new committed version at ``uri`` and returns its manifest.
 
-    Shards are written first, the manifest last; see the module docstring.
+    Shards are written first, the manifest version last, put-if-absent; see
+    the module docstring and docs/architecture.md, "Commit protocol". The
+    previous version and its files stay readable (``read_dataset(uri,
+    version=N)``) until ``slicefeed vacuum`` removes them.
 
     Args:
         ds: The dataset to write (executed by this call).
         uri: The dataset prefix (``gs://bucket/out``, a local folder).
         fingerprint: Fingerprint of the producing pipeline, stored in the manifest.
         metadata: Extra JSON-serialisable manifest metadata (fit statistics...).
-        overwrite: Replace a dataset already committed at ``uri``. Its manifest is
-            removed before writing starts, so a crash in between leaves no
-            committed dataset rather than a mix of old and new.
+        overwrite: Commit a new version over a dataset already committed at
+            ``uri``. The current version stays current until this one commits;
+            an unparseable current manifest is moved to ``_corrupt/`` after it.
         compression: Parquet codec for the shards.
         min_rows_per_file: Minimum rows per shard (Ray buffers rows to reach it).
         row_group_size: Maximum rows per Parquet row group.
         ray_remote_args: Ray options for the write tasks.
-        before_commit: Called with the manifest just before it is written;
-            raising aborts the commit and leaves the prefix uncommitted.
+        before_commit: Called with the manifest just before it is committed;
+            raising aborts the commit (this writer's shards are removed).
+        inputs: The input listing ``fingerprint`` was computed from (stored).
+        writer_id: This writer's id (default: a fresh one); in shard names.
+        report: Path (relative to ``uri``) of the run report this writer will
+            write, recorded in the manifest.
+        quarantine: Folder (relative to ``uri``) of this writer's quarantined records.
         **fs_kwargs: Passed to :func:`resolve_filesystem`.
 
     Raises:
         AlreadyCommittedError: ``uri`` holds a committed dataset and ``overwrite`` is False.
+        CommitConflictError: another writer committed first (nothing committed here).
+        CorruptManifestError: the current manifest does not parse and ``overwrite`` is False.
     """
     target = resolve_filesystem(uri, **fs_kwargs)
-    loc = manifest_location(target)
-    if target.fs.exists(loc.path):
+    versions = list_versions(target)
+    parent = max(versions) if versions else None
+    corrupt_parent: ResolvedPath | None = None
+    if parent is not None:
         if not overwrite:
-            existing = read_manifest(target)
+            existing = read_manifest(target)  # CorruptManifestError names the file
             raise AlreadyCommittedError(
                 f"{target.uri} already holds a committed dataset ({existing.num_rows} rows, "
                 f"fingerprint {existing.fingerprint}). Pass overwrite=True (CLI: --overwrite) "
                 "to replace it, or write to another prefix."
             )
-        target.fs.rm(loc.path)
+        try:
+            read_manifest(target, version=parent)
+        except CorruptManifestError:
+            corrupt_parent = versions[parent]
+    writer_id = writer_id or new_writer_id()
+    lease = Lease(target, writer_id).start()
     sink = CommittedParquetDatasink(
         target,
-        run_id=uuid.uuid4().hex[:12],
+        run_id=writer_id,
         fingerprint=fingerprint,
         metadata=metadata,
         compression=compression,
         min_rows_per_file=min_rows_per_file,
         row_group_size=row_group_size,
-        before_commit=before_commit,
     )
-    ds.write_datasink(sink, ray_remote_args=ray_remote_args)
-    if sink.manifest is None:  # Ray skipped on_write_complete: no blocks at all
-        sink.on_write_complete(WriteResult(num_rows=0, size_bytes=0, write_returns=[]))
-    assert sink.manifest is not None
-    return sink.manifest
+    sidecars = [s for s in (report, quarantine) if s]
+    committed = False
+    try:
+        ds.write_datasink(sink, ray_remote_args=ray_remote_args)
+        if sink.manifest is None:  # Ray skipped on_write_complete: no blocks at all
+            sink.on_write_complete(WriteResult(num_rows=0, size_bytes=0, write_returns=[]))
+        assert sink.manifest is not None
+        manifest = dataclasses.replace(
+            sink.manifest, version=(parent or 0) + 1, parent=parent,
+            inputs=None if inputs is None else tuple(inputs), report=report,
+            quarantine=quarantine, created_at=now_iso(),
+        )
+        if before_commit is not None:
+            before_commit(manifest)
+        if not lease.held():
+            raise CommitConflictError(
+                f"{target.uri}: this writer's lease ({lease.location.uri}) was lost (not "
+                f"refreshed for {lease.ttl_s:.0f} s, and removed by another writer's cleanup), "
+                "so its shards may have been removed; nothing was committed. Run again.",
+            )
+        commit_version(target, manifest)
+        committed = True
+    finally:
+        if not committed:
+            try:
+                remove_own(target, writer_id, _own_shards(target, writer_id), sidecars)
+            finally:
+                lease.release()
+    try:
+        if corrupt_parent is not None:
+            aside = set_aside(target, corrupt_parent)
+            logger.warning("%s could not be parsed; kept at %s", corrupt_parent.uri, aside)
+        cleanup(target, keep_writers=[writer_id])
+    finally:
+        lease.release()
+    return manifest
+
+
+def _own_shards(target: ResolvedPath, writer_id: str) -> list[str]:
+    from slicefeed.connectors._commit import shard_writer
+
+    return [n for n in list_names(target) if shard_writer(n) == writer_id]
 
 
 def read_dataset(
@@ -257,6 +335,8 @@ def read_dataset(
     *,
     columns: Sequence[str] | None = None,
     provenance: bool = False,
+    version: int | None = None,
+    verify: bool = False,
     shard: tuple[int, int] | None = None,
     **kwargs: Any,
 ) -> ray.data.Dataset:
@@ -269,19 +349,28 @@ def read_dataset(
         uri: The dataset prefix.
         columns: Columns to read (projection).
         provenance: Add ``_sf_file`` (shard name) and ``_sf_row`` columns.
+        version: The manifest version to read (default: the current one); an
+            older version is readable until ``slicefeed vacuum`` removes it.
+        verify: Also check every shard's SHA-256 against the manifest (reads
+            every byte). Sizes (from one listing) and row counts (from the
+            footers) are always checked.
         shard: ``(index, count)``: read only the manifest's files ``index::count``.
         **kwargs: ``credentials``/``anonymous``/``project``/``storage_options`` go to
             :func:`resolve_filesystem`; the rest to ``ray.data.read_parquet``.
 
     Raises:
-        NotCommittedError: ``uri`` has no manifest.
+        NotCommittedError: ``uri`` has no manifest (or not ``version``).
+        CorruptManifestError: The manifest does not validate.
         FileNotFoundError: A file the manifest lists is missing.
+        ShardMismatchError: A shard's size, row count or (``verify``) SHA-256
+            differs from the manifest; names the first such shard.
+        CorruptFileError: A shard's Parquet footer does not parse; names it.
     """
     from slicefeed.connectors._readers import ParquetFilesDatasource, _split_kwargs, shard_files
 
     fs_kwargs, ray_kwargs = _split_kwargs(dict(kwargs))
     target = resolve_filesystem(uri, **fs_kwargs)
-    manifest = read_manifest(target)
+    manifest = read_manifest(target, version=version)
     if columns is not None:
         missing = [c for c in columns if c not in manifest.schema.names]
         if missing:
@@ -292,6 +381,7 @@ def read_dataset(
     if not manifest.files:
         return ray.data.from_arrow(manifest.schema.empty_table())
     files = shard_files(list(manifest.files), shard, uri=target.uri)
+    verify_shards(target, dataclasses.replace(manifest, files=tuple(files)), checksums=verify)
     paths = [target.join(f.path).path for f in files]
     if provenance:
         return ray.data.read_datasource(
@@ -304,6 +394,6 @@ def read_dataset(
         )
     except FileNotFoundError as e:
         raise FileNotFoundError(
-            f"{target.uri}: a file listed in {MANIFEST_NAME} is missing ({e}). The dataset "
+            f"{target.uri}: a file listed in its manifest is missing ({e}). The dataset "
             "was modified after it was committed; rewrite it with overwrite."
         ) from None

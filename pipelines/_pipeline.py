@@ -22,6 +22,7 @@ from importlib import metadata as _md
 from typing import Any, Mapping, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import ray
 
 import slicefeed.connectors as connectors
@@ -29,21 +30,32 @@ from slicefeed.connectors import (
     ERROR_COLUMN,
     PROVENANCE_FILE,
     PROVENANCE_ROW,
+    QUARANTINE_DIR,
     RAW_COLUMN,
     REPORT_NAME,
+    REPORTS_DIR,
     AlreadyCommittedError,
     BadRecordError,
+    CommitConflictError,
+    CorruptManifestError,
+    InputFile,
     Manifest,
     MissingColumnError,
     SpecError,
+    WorkerCrashError,
+    check_sink_outside_sources,
     is_committed,
+    list_inputs,
+    new_writer_id,
     peek_schema,
     read_dataset,
     read_manifest,
     resolve_filesystem,
+    write_atomic,
     write_parquet,
 )
 from slicefeed.connectors._formats import get_format
+from slicefeed.pipelines import _rerun
 from slicefeed.pipelines._spec import (
     STORAGE_OPTIONS,
     expand_uri_templates,
@@ -52,7 +64,6 @@ from slicefeed.pipelines._spec import (
     validate_spec,
 )
 
-QUARANTINE_DIR = "_quarantine"
 
 
 def _versions() -> dict[str, str]:
@@ -77,6 +88,17 @@ class _Counters:
     def __init__(self) -> None:
         self.counts: dict[str, int] = {}
         self.seen: set[str] = set()
+        # Batches a stage started: key -> [attempts, what the batch holds].
+        self.started: dict[str, list[Any]] = {}
+
+    def begin(self, key: str, what: str) -> None:
+        entry = self.started.setdefault(key, [0, what])
+        entry[0] += 1
+
+    def crashed(self) -> list[tuple[int, str]]:
+        """(attempts, what) of batches started but never finished, most attempts first."""
+        out = [(n, what) for k, (n, what) in self.started.items() if k not in self.seen]
+        return sorted(out, reverse=True)
 
     def add(self, delta: dict[str, int], key: str | None = None) -> None:
         if key is not None:
@@ -104,6 +126,16 @@ def _batch_key(stage: str, table: pa.Table) -> str | None:
     h.update(enc.indices.to_numpy(zero_copy_only=False).tobytes())
     h.update("\0".join(enc.dictionary.to_pylist()).encode())
     return h.hexdigest()
+
+
+def _describe_batch(table: pa.Table, transforms: Sequence[Any]) -> str:
+    """``transform(s) a, b on file(s) x (rows i..j)`` for a batch (vectorised)."""
+    names = ", ".join(t.name for t in transforms)
+    files = table.column(PROVENANCE_FILE).unique().to_pylist()[:3]
+    rows = table.column(PROVENANCE_ROW)
+    lo, hi = pc.min(rows).as_py(), pc.max(rows).as_py()
+    return (f"transform(s) {names} on input file(s) {', '.join(repr(f) for f in files)}"
+            + (f" (rows {lo}..{hi})" if lo is not None else ""))
 
 
 class _Stage:
@@ -152,11 +184,22 @@ class _Stage:
         from slicefeed.transforms import split_errors
 
         key = _batch_key(self.stage_id, table) if self.counters is not None else None
+        if key is not None and self.transforms:
+            # Recorded before the transforms run, so a batch that kills its
+            # worker is known to the driver by its files and transforms.
+            ray.get(self.counters.begin.remote(key, _describe_batch(table, self.transforms)))
         delta: dict[str, int] = {}
         if self.count_input:
-            delta["rows_read"] = table.num_rows
             # Records the reader could not decode (mark_errors=True).
             table, bad = split_errors(table)
+            unreadable = _whole_files(bad)
+            if unreadable is not None:
+                # A file whose row count is unknown: no error budget can
+                # cover it (before_commit fails the run), and it is not rows.
+                for f in set(bad.column(PROVENANCE_FILE).filter(unreadable).to_pylist()):
+                    delta[f"unreadable:{f}"] = 1
+                bad = bad.filter(pc.invert(unreadable))
+            delta["rows_read"] = table.num_rows + bad.num_rows
             if bad.num_rows:
                 self._handle_bad(bad, "read", delta)
             if RAW_COLUMN in table.column_names:
@@ -361,14 +404,24 @@ class Pipeline:
     def _storage(src: Mapping[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in (src.get("storage") or {}).items() if k in STORAGE_OPTIONS}
 
+    def _retries(self) -> dict[str, Any]:
+        """Ray remote args bounding the reruns of a task whose worker died.
+
+        Ray Data's default (``max_retries=-1``) reruns such a task forever; a
+        record that kills its worker every time (a segfault, an OOM kill)
+        would make the run loop. Exceptions are not retried either way.
+        """
+        return {"max_retries": int(self.spec.get("task_retries", 2))}
+
     def _read_source(self, src: Mapping[str, Any], shard: tuple[int, int] | None = None) -> ray.data.Dataset:
         opts = dict(src.get("options") or {})
         if src["format"] == "dataset":
-            return read_dataset(src["uri"], provenance=True, shard=shard, **opts, **self._storage(src))
+            return read_dataset(src["uri"], provenance=True, shard=shard, **opts, **self._storage(src),
+                                ray_remote_args=self._retries())
         reader = getattr(connectors, get_format(src["format"]).reader)
         return reader(
             src["uri"], provenance=True, mark_errors=self.spec["on_error"] != "fail",
-            shard=shard, **opts, **self._storage(src),
+            shard=shard, **opts, **self._storage(src), ray_remote_args=self._retries(),
         )
 
     def source_schema(self) -> pa.Schema:
@@ -411,13 +464,35 @@ class Pipeline:
             out.append(entry)
         return out
 
-    def check(self) -> pa.Schema:
-        """Checks the transforms against the source schema; returns the output schema.
+    def check_sink(self) -> None:
+        """Refuses a sink that equals, contains or lies inside a source (no storage access).
 
         Raises:
-            SpecError: naming the transform and the missing/mistyped column.
+            SpecError: naming the sink and the source.
+        """
+        if "sink" in self.spec:
+            check_sink_outside_sources(
+                self.spec["sink"]["uri"], [s["uri"] for s in self._sources()],
+                where=self.source_name,
+            )
+
+    def input_listing(self) -> tuple[InputFile, ...]:
+        """The input files (path, size, generation or mtime) this run reads, as listed now.
+
+        Stored in the manifest beside the fingerprint.
+        """
+        return list_inputs([(s["uri"], s["format"], self._storage(s)) for s in self._sources()])
+
+    def check(self) -> pa.Schema:
+        """Checks the sink and the transforms against the source schema; returns the output schema.
+
+        Raises:
+            SpecError: naming the transform and the missing/mistyped column,
+                or a sink that overlaps a source.
         """
         from slicefeed.transforms import check_transforms
+
+        self.check_sink()
 
         schema = self.source_schema()
         try:
@@ -443,10 +518,11 @@ class Pipeline:
                 seed=int(self.spec["seed"]),
             )
         on_error = self.spec["on_error"]
+        retries = self._retries()
         ds = ds.map_batches(
             _Stage([], on_error=on_error, counters=counters, quarantine=quarantine,
                    count_input=True),
-            batch_format="pyarrow", zero_copy_batch=True,
+            batch_format="pyarrow", zero_copy_batch=True, **retries,
         )
         group: list[Any] = []
         n_stages = [0]
@@ -459,7 +535,7 @@ class Pipeline:
                     _Stage(list(group), on_error=on_error, counters=counters, quarantine=quarantine,
                            stage_id=f"{n_stages[0]}:" + "+".join(t.name for t in group),
                            first_index=first[0]),
-                    batch_format="pyarrow", zero_copy_batch=True,
+                    batch_format="pyarrow", zero_copy_batch=True, **retries,
                 )
                 group.clear()
             return ds
@@ -517,6 +593,82 @@ class Pipeline:
 
     # -- batch run -------------------------------------------------------------------
 
+    def _crash_error(self, counters: Any) -> WorkerCrashError | None:
+        """The error naming the batch whose worker kept dying, if that ended the run."""
+        try:
+            crashed = ray.get(counters.crashed.remote(), timeout=30)
+        except Exception:  # noqa: BLE001 - the original error is reported instead
+            return None
+        retries = int(self.spec.get("task_retries", 2))
+        dead = [(n, what) for n, what in crashed if n > retries]
+        if not dead:
+            return None
+        n, what = dead[0]
+        return WorkerCrashError(
+            f"{self.name}: the worker running {what} died {n} times (task_retries={retries}); "
+            "the run stopped and nothing was committed. The input likely crashes the "
+            "transform (a segfault or an out-of-memory kill): fix or remove that input, "
+            "or the transform, and rerun."
+        )
+
+    def fingerprint_parts(self) -> tuple[dict[str, Any], tuple[Any, ...]]:
+        """What this run's output depends on, and the input listing, read from storage now.
+
+        Returns ``(parts, listing)``: the parts (spec fingerprint, a digest
+        of the input listing, digests of files the transforms read, the
+        output format version) whose hash is the committed fingerprint, and
+        the listing itself (path, size, generation / mtime per input file).
+        No Ray.
+        """
+        inputs = self.input_listing()
+        files = _rerun.transform_file_digests(self.spec)
+        return _rerun.fingerprint_parts(self.fingerprint, inputs, files), inputs
+
+    def decide(self, *, overwrite: bool = False) -> RunReport | None:
+        """Whether a run has anything to do, decided from storage alone (no Ray).
+
+        Returns the ``already_committed`` report when the sink is committed
+        with this run's fingerprint (same spec, same input listing, same
+        files read by transforms, same output format version); None when a
+        run must compute (nothing committed yet, or ``overwrite``).
+
+        Raises:
+            SpecError: the spec has no sink.
+            AlreadyCommittedError: the sink holds another pipeline's dataset,
+                or this pipeline's from other input; the message says what
+                changed and how to proceed.
+        """
+        if "sink" not in self.spec:
+            raise SpecError(f"{self.source_name}: missing required key 'sink' (format and uri) "
+                            "to run; use dataset() for a pipeline without a sink.")
+        sink = self.spec["sink"]
+        self.check_sink()
+        target = resolve_filesystem(sink["uri"], **self._storage(sink))
+        parts, inputs = self.fingerprint_parts()
+        self._decided = (parts, inputs)
+        fp = _rerun.combine(parts)
+        if overwrite or not is_committed(target):
+            return None
+        existing = read_manifest(target)  # CorruptManifestError: --overwrite replaces it
+        if existing.fingerprint == fp:
+            return _already_committed(self.name, target.uri, fp, existing)
+        old_parts = existing.metadata.get(_rerun.PARTS_KEY)
+        old_spec = old_parts.get("spec") if isinstance(old_parts, dict) else existing.fingerprint
+        if old_spec != self.fingerprint:
+            raise AlreadyCommittedError(
+                f"{target.uri} already holds a committed dataset written by another pipeline "
+                f"(fingerprint {existing.fingerprint}, this one is {fp}). Pass --overwrite "
+                "(Pipeline.run(overwrite=True)) to replace it, or change sink.uri."
+            )
+        reasons = _rerun.what_changed(
+            old_parts if isinstance(old_parts, dict) else None, parts, existing.inputs, inputs)
+        raise AlreadyCommittedError(
+            f"{target.uri} is committed by this pipeline from other input: "
+            f"{'; '.join(reasons)}. Pass --overwrite (Pipeline.run(overwrite=True)) to recompute "
+            f"it in place, or give each run its own dataset with a dated sink "
+            f"(--set 'sink.uri={_rerun.dated(sink['uri'])}')."
+        )
+
     def run(self, *, overwrite: bool = False, progress: bool = False,
             progress_interval: float | None = None) -> RunReport:
         """Runs the pipeline and commits its sink.
@@ -542,39 +694,40 @@ class Pipeline:
             raise SpecError(f"{self.source_name}: missing required key 'sink' (format and uri) "
                             "to run; use dataset() for a pipeline without a sink.")
         sink = self.spec["sink"]
+        self.check_sink()
         storage = self._storage(sink)
         target = resolve_filesystem(sink["uri"], **storage)
-        fp = self.fingerprint
-        if is_committed(target):
-            existing = read_manifest(target)
-            if existing.fingerprint == fp and not overwrite:
-                return RunReport(
-                    name=self.name, status="already_committed", sink=target.uri, fingerprint=fp,
-                    rows_read=0, rows_written=existing.num_rows, rows_filtered=0, rows_skipped=0,
-                    rows_quarantined=0, files=len(existing.files), bytes_written=existing.num_bytes,
-                    wall_s=0.0, rows_per_s=0.0, run_id=existing.metadata.get("run_id", ""),
-                )
-            if not overwrite:
-                raise AlreadyCommittedError(
-                    f"{target.uri} already holds a committed dataset written by another pipeline "
-                    f"(fingerprint {existing.fingerprint}, this one is {fp}). Pass --overwrite "
-                    "(Pipeline.run(overwrite=True)) to replace it, or change sink.uri."
-                )
+        decided = self.decide(overwrite=overwrite)
+        if decided is not None:
+            return decided
+        parts, inputs = self._decided
+        fp = _rerun.combine(parts)
         t0 = time.perf_counter()
         self.check()
         fitted = self._fitted()
         counters = _Counters.remote()
-        quarantine = target.join(QUARANTINE_DIR) if self.spec["on_error"] == "quarantine" else None
-        # What a crashed or replaced run left beside the data must not be
-        # mistaken for this run's: its quarantine and its report go first.
-        _remove(target.join(QUARANTINE_DIR), recursive=True)
-        _remove(target.join(REPORT_NAME))
+        # Everything this run writes beside the data is named by its writer id
+        # and recorded in its manifest version: a failed or losing run leaves
+        # the committed version's report and quarantine alone.
+        writer = new_writer_id()
+        quarantine_rel = f"{QUARANTINE_DIR}/{writer}" if self.spec["on_error"] == "quarantine" else None
+        quarantine = target.join(quarantine_rel) if quarantine_rel else None
+        report_rel = f"{REPORTS_DIR}/{writer}.json"
         ds = self.dataset(_counters=counters, _quarantine=quarantine, _fitted=fitted)
         fit_stats = {f"{i}:{t.name}": t.stats() for i, t in enumerate(fitted) if t.stats()}
         max_frac = float(self.spec["max_error_fraction"])
 
         def before_commit(manifest: Manifest) -> None:
             c = ray.get(counters.get.remote())
+            unreadable = sorted(k.split(":", 1)[1] for k in c if k.startswith("unreadable:"))
+            if unreadable:
+                raise BadRecordError(
+                    f"{self.name}: {len(unreadable)} input file(s) could not be read at all "
+                    f"({', '.join(repr(f) for f in unreadable[:5])}"
+                    f"{' ...' if len(unreadable) > 5 else ''}): their row count is unknown, so "
+                    "no max_error_fraction can cover them; nothing was committed. Replace or "
+                    "remove them and rerun."
+                )
             bad = c.get("rows_skipped", 0) + c.get("rows_quarantined", 0)
             read = c.get("rows_read", 0)
             if read and bad / read > max_frac:
@@ -587,18 +740,37 @@ class Pipeline:
         def write() -> Manifest:
             return write_parquet(
                 ds, target.uri, fingerprint=fp, overwrite=overwrite,
-                metadata={"pipeline": self.name, "seed": self.spec["seed"], "fit_stats": fit_stats},
-                before_commit=before_commit, **dict(sink.get("options") or {}), **storage,
+                metadata={"pipeline": self.name, "seed": self.spec["seed"], "fit_stats": fit_stats,
+                          _rerun.PARTS_KEY: parts},
+                before_commit=before_commit, inputs=inputs, writer_id=writer, report=report_rel,
+                quarantine=quarantine_rel, **dict(sink.get("options") or {}), **storage,
             )
 
-        if progress:
-            from slicefeed.pipelines._progress import Progress
+        try:
+            if progress:
+                from slicefeed.pipelines._progress import Progress
 
-            with Progress(self.name, lambda: ray.get(counters.get.remote(), timeout=30),
-                          interval=progress_interval):
+                with Progress(self.name, lambda: ray.get(counters.get.remote(), timeout=30),
+                              interval=progress_interval):
+                    manifest = write()
+            else:
                 manifest = write()
-        else:
-            manifest = write()
+        except (CommitConflictError, AlreadyCommittedError) as e:
+            # Another run committed first (while this one wrote, or since the
+            # check above). Same pipeline over the same inputs: its result is
+            # this run's result.
+            ray.kill(counters)
+            version = getattr(e, "version", None)
+            if version is not None or isinstance(e, AlreadyCommittedError):
+                winner = read_manifest(target, version=version)
+                if winner.fingerprint == fp and winner.inputs == inputs:
+                    return _already_committed(self.name, target.uri, fp, winner)
+            raise
+        except Exception as e:
+            crash = self._crash_error(counters) if _worker_died(e) else None
+            if crash is None:
+                raise
+            raise crash from None
         wall = time.perf_counter() - t0
         c = ray.get(counters.get.remote())
         ray.kill(counters)
@@ -638,17 +810,48 @@ class Pipeline:
             run_id=manifest.metadata.get("run_id", ""),
             transforms=transform_rows(c), bytes_in_memory=int(c.get("bytes_out", 0)),
         )
-        out = target.join(REPORT_NAME)
-        out.fs.pipe_file(out.path, json.dumps(report.to_dict(), indent=2, default=str).encode())
+        doc = json.dumps(report.to_dict(), indent=2, default=str).encode()
+        write_atomic(target.join(report_rel), doc)
+        # Convenience copy for the latest commit; the manifest names the report.
+        write_atomic(target.join(REPORT_NAME), doc)
         return report
 
 
-def _remove(path: Any, *, recursive: bool = False) -> None:
-    try:
-        if path.fs.exists(path.path):
-            path.fs.rm(path.path, recursive=recursive)
-    except FileNotFoundError:
-        pass
+def _worker_died(e: BaseException) -> bool:
+    """Whether ``e`` (or what caused it) is Ray reporting a dead worker process."""
+    died = (ray.exceptions.WorkerCrashedError, ray.exceptions.OutOfMemoryError,
+            ray.exceptions.NodeDiedError, ray.exceptions.ActorDiedError)
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, died):
+            return True
+        nxt = getattr(cur, "cause", None)
+        cur = nxt if isinstance(nxt, BaseException) else (cur.__cause__ or cur.__context__)
+    return False
+
+
+def _whole_files(bad: pa.Table) -> pa.Array | None:
+    """Mask of the reader's whole-file markers in ``bad``: no row and no raw bytes."""
+    from slicefeed.connectors._readers import RAW_COLUMN
+
+    if not bad.num_rows or PROVENANCE_ROW not in bad.column_names:
+        return None
+    mask = pc.is_null(bad.column(PROVENANCE_ROW))
+    if RAW_COLUMN in bad.column_names:
+        mask = pc.and_(mask, pc.is_null(bad.column(RAW_COLUMN)))
+    mask = mask.combine_chunks() if isinstance(mask, pa.ChunkedArray) else mask
+    return mask if pc.any(mask).as_py() else None
+
+
+def _already_committed(name: str, uri: str, fp: str, m: Manifest) -> RunReport:
+    return RunReport(
+        name=name, status="already_committed", sink=uri, fingerprint=fp,
+        rows_read=0, rows_written=m.num_rows, rows_filtered=0, rows_skipped=0,
+        rows_quarantined=0, files=len(m.files), bytes_written=m.num_bytes,
+        wall_s=0.0, rows_per_s=0.0, run_id=m.metadata.get("run_id", ""),
+    )
 
 
 def _ray_stats(ds: ray.data.Dataset) -> str:

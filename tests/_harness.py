@@ -39,7 +39,11 @@ def wait_http(url: str, timeout: float = 30.0) -> None:
 
 
 class GCSEmulator:
-    """``gcp-storage-emulator`` running as a subprocess on a loopback port."""
+    """``gcp-storage-emulator`` running as a subprocess on a loopback port.
+
+    Started through ``tests/_gcs_emulator.py``, which makes uploads honour
+    ``ifGenerationMatch`` as real GCS does.
+    """
 
     def __init__(self, port: int | None = None):
         self.port = port or free_port()
@@ -51,8 +55,8 @@ class GCSEmulator:
         self.proc = subprocess.Popen(
             [
                 sys.executable,
-                "-m",
-                "gcp_storage_emulator",
+                # The stock emulator, made to honour ifGenerationMatch.
+                os.path.join(os.path.dirname(os.path.abspath(__file__)), "_gcs_emulator.py"),
                 "start",
                 "--host",
                 "127.0.0.1",

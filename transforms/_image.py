@@ -23,6 +23,7 @@ import io
 import os
 import posixpath
 import re
+import sys
 import threading
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -52,9 +53,9 @@ def variable_type(channels: int) -> pa.DataType:
     )
 
 
-def fixed_type(h: int, w: int, c: int, value_type: pa.DataType = pa.uint8()) -> pa.DataType:
-    """Arrow type of a fixed ``(h, w, c)`` image column."""
-    return pa.list_(pa.list_(pa.list_(value_type, c), w), h)
+def fixed_type(h: int, w: int, c: int, value_type: pa.DataType | None = None) -> pa.DataType:
+    """Arrow type of a fixed ``(h, w, c)`` image column (uint8 unless ``value_type``)."""
+    return pa.list_(pa.list_(pa.list_(value_type or pa.uint8(), c), w), h)
 
 
 def image_layout(t: pa.DataType) -> tuple[str, tuple[int, ...] | None, int, pa.DataType] | None:
@@ -86,7 +87,6 @@ def read_images(col: pa.Array | pa.ChunkedArray) -> tuple[Any, np.ndarray]:
     kind, hw, c, _ = layout
     if kind == "fixed":
         h, w = hw
-        size = h * w * c
         flat = col.values.slice(col.offset * h, n * h).flatten().flatten()
         return flat.to_numpy(zero_copy_only=False).reshape(n, h, w, c), valid
     hs = col.field("height").fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
@@ -106,7 +106,6 @@ def read_images(col: pa.Array | pa.ChunkedArray) -> tuple[Any, np.ndarray]:
 
 def write_variable(images: Sequence[np.ndarray | None], channels: int) -> pa.Array:
     """A variable-layout column from ``(h, w, c)`` uint8 arrays (None -> null)."""
-    n = len(images)
     hs = np.array([0 if im is None else im.shape[0] for im in images], np.int32)
     ws = np.array([0 if im is None else im.shape[1] for im in images], np.int32)
     valid = np.array([im is not None for im in images], bool)
@@ -127,7 +126,7 @@ def write_variable(images: Sequence[np.ndarray | None], channels: int) -> pa.Arr
 
 def write_fixed(images: np.ndarray, valid: np.ndarray, value_type: pa.DataType) -> pa.Array:
     """A fixed-layout column from a dense ``(B, H, W, C)`` array."""
-    n, h, w, c = images.shape
+    _, h, w, c = images.shape
     vals = pa.array(np.ascontiguousarray(images).reshape(-1), type=value_type)
     inner = pa.FixedSizeListArray.from_arrays(vals, c)
     row = pa.FixedSizeListArray.from_arrays(inner, w)
@@ -245,7 +244,7 @@ class DecodeImage(_ImageTransform):
             measured difference). ``false`` gives Pillow's full-size result.
         threads: Images decoded concurrently (Pillow releases the GIL while
             decoding and resampling); default: the CPUs this process may use,
-            at most 8.
+            at most 8 (inside a Ray task: the CPUs Ray assigned to it).
     """
 
     name: ClassVar[str] = "decode_image"
@@ -461,7 +460,7 @@ class DecodeImage(_ImageTransform):
                     return self._too_big(img, need)
                 return decode(i, img, need, out)[1]
 
-            reasons[:] = list(pool.map(row, range(n)))
+            reasons[:] = _map_chunked(pool, row, range(n))
             bad = np.array([r is not None for r in reasons], bool)
             if bad.any():
                 out[bad] = 0
@@ -470,7 +469,9 @@ class DecodeImage(_ImageTransform):
 
         # Variable layout: the decoded images are the output. Headers first, then
         # rows admitted in row order while the batch's decoded bytes fit.
-        opened = list(pool.map(lambda item: self._open(item, is_path, root), items))
+        # Headers of in-memory bytes are parsed in Python (GIL-bound): no pool.
+        opener = pool if is_path else _INLINE
+        opened = list(opener.map(lambda item: self._open(item, is_path, root), items))
         reasons[:] = [r for _, r in opened]
         needs = [0] * n
         todo = []
@@ -485,7 +486,8 @@ class DecodeImage(_ImageTransform):
                 held += needs[i]
                 todo.append(i)
         images: list[np.ndarray | None] = [None] * n
-        for i, (arr, why) in zip(todo, pool.map(lambda i: decode(i, opened[i][0], needs[i], None), todo)):
+        done = _map_chunked(pool, lambda i: decode(i, opened[i][0], needs[i], None), todo)
+        for i, (arr, why) in zip(todo, done):
             images[i] = arr
             reasons[i] = why
         bad = np.array([r is not None for r in reasons], bool)
@@ -517,25 +519,72 @@ class _Budget:
             self.cv.notify_all()
 
 
-_POOLS: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
+class _Inline:
+    """``map`` on the calling thread (one thread: no pool hand-offs)."""
+
+    size = 1
+    map = staticmethod(map)
+
+
+class _Pool:
+    """A thread pool of ``size`` threads."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            size, thread_name_prefix="slicefeed-decode"
+        )
+
+    def map(self, fn: Any, items: Any) -> Any:
+        return self._executor.map(fn, items)
+
+
+_INLINE = _Inline()
+_POOLS: dict[int, _Pool] = {}
 _POOLS_LOCK = threading.Lock()
+# A forked child has the pools' objects but not their threads: start afresh.
+os.register_at_fork(after_in_child=_POOLS.clear)
 
 
-def _pool(threads: int | None) -> concurrent.futures.ThreadPoolExecutor:
+def _pool(threads: int | None) -> _Pool | _Inline:
     """A per-process thread pool (one per size), created on first use."""
     if threads is None:
-        try:
-            threads = len(os.sched_getaffinity(0))
-        except AttributeError:  # pragma: no cover - not Linux
-            threads = os.cpu_count() or 1
-        threads = max(1, min(8, threads))
+        threads = _cpus()
+    if threads == 1:
+        return _INLINE
     with _POOLS_LOCK:
         pool = _POOLS.get(threads)
         if pool is None:
-            pool = _POOLS[threads] = concurrent.futures.ThreadPoolExecutor(
-                threads, thread_name_prefix="slicefeed-decode"
-            )
+            pool = _POOLS[threads] = _Pool(threads)
         return pool
+
+
+def _map_chunked(pool: Any, fn: Any, items: Sequence[Any]) -> list[Any]:
+    """``[fn(x) for x in items]`` on ``pool``, a few contiguous chunks per thread
+    (fewer hand-offs than one task per image; chunks still balance uneven images)."""
+    if pool.size == 1 or len(items) < 2:
+        return [fn(x) for x in items]
+    k = max(1, len(items) // (4 * pool.size))
+    chunks = [items[i : i + k] for i in range(0, len(items), k)]
+    return [y for part in pool.map(lambda c: [fn(x) for x in c], chunks) for y in part]
+
+
+def _cpus() -> int:
+    """CPUs this process may use, at most 8: inside a Ray task, the CPUs Ray
+    assigned to it (Ray already runs one task per CPU); otherwise the affinity set."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        try:
+            cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
+        except AssertionError:  # Ray's answer in a driver: not a task
+            cpus = None
+        if cpus:
+            return max(1, min(8, int(cpus)))
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        n = os.cpu_count() or 1
+    return max(1, min(8, n))
 
 
 def _decode_reason(column: str, what: str, e: Exception) -> str:
@@ -647,7 +696,7 @@ class Resize(_ImageTransform):
             return r
 
         # Pillow resamples without the GIL: images of a batch resize in parallel.
-        out = list(_pool(None).map(one, range(len(images))))
+        out = _map_chunked(_pool(None), one, range(len(images)))
         if exact:
             return _set(table, self.column, write_fixed(dense, valid, pa.uint8()))
         return _set(table, self.column, write_variable(out, c))
@@ -894,7 +943,7 @@ class NormalizeImage(_ImageTransform):
     def __call__(self, table: pa.Table) -> pa.Table:
         col = table.column(self.column)
         images, valid = read_images(col)
-        n, h, w, c = images.shape
+        _, h, w, c = images.shape
         if self.dtype == "uint8":
             out = images
         else:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from slicefeed.connectors import SpecError
+from slicefeed.connectors import SpecError, printable, short_repr
 
 if typing.TYPE_CHECKING:  # pragma: no cover
     from slicefeed.transforms._contract import Transform
@@ -76,7 +76,7 @@ def get_transform(name: str) -> type["Transform"]:
         return TRANSFORMS[name]
     except (KeyError, TypeError):
         raise SpecError(
-            f"unknown transform {name!r}; allowed: {', '.join(sorted(TRANSFORMS))}"
+            f"unknown transform {short_repr(name)}; allowed: {', '.join(sorted(TRANSFORMS))}"
         ) from None
 
 
@@ -98,7 +98,7 @@ def transform_from_spec(item: Mapping[str, Any] | str) -> "Transform":
     else:
         raise SpecError(
             f"a transform must be written as a mapping with one key, the transform "
-            f"name, e.g. {{rename: {{mapping: {{a: b}}}}}}; got {item!r}"
+            f"name, e.g. {{rename: {{mapping: {{a: b}}}}}}; got {short_repr(item)}"
         )
     cls = get_transform(name)
     if args is None:
@@ -106,13 +106,13 @@ def transform_from_spec(item: Mapping[str, Any] | str) -> "Transform":
     if not isinstance(args, Mapping):
         raise SpecError(
             f"{name}: arguments must be a mapping of argument names to values; got "
-            f"{args!r}. Allowed arguments: {_arg_list(cls)}"
+            f"{short_repr(args)}. Allowed arguments: {_arg_list(cls)}"
         )
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = [k for k in args if k not in fields]
     if unknown:
         raise SpecError(
-            f"{name}: unknown argument {unknown[0]!r}; allowed arguments: {_arg_list(cls)}"
+            f"{name}: unknown argument {short_repr(unknown[0])}; allowed arguments: {_arg_list(cls)}"
         )
     missing = [
         k for k, f in fields.items() if default_of(f) is dataclasses.MISSING and k not in args
@@ -127,7 +127,9 @@ def transform_from_spec(item: Mapping[str, Any] | str) -> "Transform":
     except SpecError:
         raise
     except (TypeError, ValueError) as e:
-        raise SpecError(f"{name}: invalid arguments ({e}); allowed arguments: {_arg_list(cls)}") from e
+        raise SpecError(
+            f"{name}: invalid arguments ({printable(str(e), 300)}); allowed arguments: {_arg_list(cls)}"
+        ) from e
 
 
 def _arg_list(cls: type["Transform"]) -> str:

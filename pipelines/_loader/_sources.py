@@ -173,16 +173,39 @@ def _ray_tables(obj: Any, epoch: int, skip_rows: int, ctx: ReadContext) -> Itera
 # --------------------------------------------------------------------------- committed
 
 
-def read_window(batch: dict, *, fs, base_dir: str, columns: list[str]) -> pa.Table:
-    """Reads one window (only the row groups it overlaps); also a Ray Data map_batches fn."""
+def _open_shard(f: Any, path: str, expect: list[int] | None) -> Any:
+    """A ``ParquetFile`` of a committed shard, checked against the manifest's
+    ``[num_rows, num_bytes]`` when given (a replaced or truncated shard would
+    give hosts different step counts)."""
     import pyarrow.parquet as pq
 
+    from slicefeed.connectors import CorruptFileError, ShardMismatchError
+
+    size = getattr(f, "size", None)
+    if expect is not None and size is not None and int(size) != expect[1]:
+        raise ShardMismatchError(
+            f"{path}: {int(size)} bytes, the manifest says {expect[1]}. The shard was replaced "
+            "or truncated after the commit; rewrite the dataset with --overwrite.")
+    try:
+        pf = pq.ParquetFile(f)
+    except (pa.ArrowException, OSError) as e:
+        raise CorruptFileError(f"{path}: not a readable Parquet file ({str(e)[:200]}).") from None
+    if expect is not None and pf.metadata.num_rows != expect[0]:
+        raise ShardMismatchError(
+            f"{path}: {pf.metadata.num_rows} rows, the manifest says {expect[0]}. The shard was "
+            "replaced after the commit; rewrite the dataset with --overwrite.")
+    return pf
+
+
+def read_window(batch: dict, *, fs, base_dir: str, columns: list[str]) -> pa.Table:
+    """Reads one window (only the row groups it overlaps); also a Ray Data map_batches fn."""
     assert len(batch["w"]) == 1
     spec = json.loads(batch["spec"][0])
+    expect = spec.get("expect") or {}
     tables, positions, base = [], [], 0
     for path, lo, hi in spec["pieces"]:
         with fs.open(f"{base_dir}/{path}", "rb") as f:
-            pf = pq.ParquetFile(f)
+            pf = _open_shard(f, f"{base_dir}/{path}", expect.get(path))
             md = pf.metadata
             idx, first, pos = [], None, 0
             for g in range(md.num_row_groups):
@@ -254,7 +277,10 @@ class ManifestSource:
         self.uri = uri
         self.manifest = read_manifest(uri, **fs_kwargs)
         self.resolved = resolve_filesystem(uri, **fs_kwargs)
+        #: The version this loader reads for its whole life (an overwrite keeps its files).
+        self.version = self.manifest.version
         self.files = [(f.path, int(f.num_rows)) for f in self.manifest.files]
+        self.expect = {f.path: [int(f.num_rows), int(f.num_bytes)] for f in self.manifest.files}
         self.num_rows = sum(n for _, n in self.files)
         nbytes = sum(int(f.num_bytes) for f in self.manifest.files)
         self.bytes_per_row = nbytes / max(self.num_rows, 1)
@@ -297,6 +323,7 @@ class ManifestSource:
                     spec["skip"] = skip  # read the window, permute, then drop the prefix
                 else:  # no permutation: start reading at the resume row
                     spec["pieces"] = _plan.skip_pieces(windows[k], skip)
+            spec["expect"] = {p: self.expect[p] for p, _, _ in spec["pieces"]}
             items.append({"w": k, "spec": json.dumps(spec)})
         if not items:
             return iter(())

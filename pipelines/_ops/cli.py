@@ -99,10 +99,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from slicefeed.pipelines._pipeline import load_pipeline
 
     p = load_pipeline(args.pipeline, args.set, date=args.date)
-    p.check()  # before starting Ray
-    _init_ray(args.address, verbose=args.verbose)
-    report = p.run(overwrite=args.overwrite, progress=not args.quiet and not args.verbose,
-                   progress_interval=args.progress_interval)
+    # "Nothing to do" and "refused" are decided from storage, before Ray starts
+    # (no cluster, no TPU slice is brought up for a no-op).
+    report = p.decide(overwrite=args.overwrite)
+    if report is None:
+        p.check()
+        _init_ray(args.address, verbose=args.verbose)
+        report = p.run(overwrite=args.overwrite, progress=not args.quiet and not args.verbose,
+                       progress_interval=args.progress_interval)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2, default=str))
     else:
@@ -113,7 +117,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from slicefeed.pipelines._ops.inspect import inspect_uri
 
-    info = inspect_uri(args.uri, fmt=args.format, options={"delimiter": args.delimiter})
+    info = inspect_uri(args.uri, fmt=args.format, options={"delimiter": args.delimiter},
+                       verify=args.verify)
     if args.json:
         print(json.dumps(info, indent=2, default=str))
         return EXIT_OK
@@ -122,6 +127,10 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     print(f"  files: {len(info['files'])}, bytes: {info['num_bytes']:,}")
     if info.get("fingerprint"):
         print(f"  fingerprint: {info['fingerprint']}")
+    if info.get("version") is not None:
+        print(f"  version: {info['version']} (retained: {', '.join(map(str, info['versions']))})")
+        what = "SHA-256, sizes and row counts" if args.verify else "sizes and row counts"
+        print(f"  verified: {len(info['files'])} shards ({what} match the manifest)")
     print("  schema:")
     for name, typ in info["schema"].items():
         print(f"    {name}: {typ}")
@@ -133,6 +142,19 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_vacuum(args: argparse.Namespace) -> int:
+    from slicefeed.connectors import vacuum
+
+    r = vacuum(args.uri, retain_hours=args.retain_hours)
+    if args.json:
+        print(json.dumps(r.to_dict(), indent=2))
+        return EXIT_OK
+    removed = ", ".join(map(str, r.versions_removed)) or "none"
+    print(f"{r.uri}: current version {r.current}; removed versions: {removed}; kept: "
+          f"{', '.join(map(str, r.versions_kept))}; removed {len(r.files_removed)} files.")
+    return EXIT_OK
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from slicefeed.connectors import is_committed, read_manifest, resolve_filesystem
     from slicefeed.pipelines._ops.demo import demo_spec, feed_jax, write_corpus
@@ -141,8 +163,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     root = os.path.abspath(args.dir)
     raw, out = os.path.join(root, "raw"), os.path.join(root, "out")
     t0 = time.perf_counter()
-    changed: list[str] = []
-    paths = write_corpus(raw, rows=args.rows, changed=changed)
+    paths = write_corpus(raw, rows=args.rows)
     import yaml
 
     spec = demo_spec(raw, out)
@@ -153,24 +174,23 @@ def _cmd_demo(args: argparse.Namespace) -> int:
                f"({time.perf_counter() - t0:.1f} s); pipeline spec: {spec_path}")
     p = Pipeline(spec, source_name=spec_path)
     p.check()
-    _init_ray(args.address, verbose=args.verbose)
     progress = {"progress": not args.quiet and not args.verbose,
                 "progress_interval": args.progress_interval}
-    # The demo's own folder: a dataset a previous demo committed from another
-    # corpus (other --rows) is replaced, never refused or reported as current.
     target = resolve_filesystem(out)
-    replace = args.overwrite or bool(
-        changed and is_committed(target)
-        and read_manifest(target).metadata.get("pipeline") == p.name)
-    if replace and not args.overwrite:
-        _say(args, f"demo: the corpus changed; replacing the dataset a previous demo "
-                   f"committed in {out}")
     try:
-        report = p.run(overwrite=replace, **progress)
+        # A rerun over the same corpus is decided without Ray: nothing to do.
+        report = p.decide(overwrite=args.overwrite)
+        if report is None:
+            _init_ray(args.address, verbose=args.verbose)
+            report = p.run(overwrite=args.overwrite, **progress)
     except AlreadyCommittedError:
+        # The demo's own folder, committed by a previous demo from another
+        # corpus (other --rows): replaced, not refused.
         if not (is_committed(target) and read_manifest(target).metadata.get("pipeline") == p.name):
             raise
-        _say(args, f"demo: replacing the dataset a previous demo committed in {out}")
+        _say(args, f"demo: the corpus changed; replacing the dataset a previous demo "
+                   f"committed in {out}")
+        _init_ray(args.address, verbose=args.verbose)
         report = p.run(overwrite=True, **progress)
     print(report.summary(), flush=True)
     for line in feed_jax(out):
@@ -202,6 +222,18 @@ def output_flags(p: argparse.ArgumentParser, *, default: Any) -> None:
                    help="print only the final summary and errors")
     g.add_argument("-v", "--verbose", action="store_true", default=default,
                    help="also show Ray's own log lines and progress bars")
+
+
+def _non_negative_hours(text: str) -> float:
+    import math
+
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not (math.isfinite(v) and v >= 0):
+        raise argparse.ArgumentTypeError(f"must be a number of hours >= 0, got {text[:40]!r}")
+    return v
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -251,7 +283,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="CSV field delimiter (default: tab for .tsv files, else comma)")
     p.add_argument("--json", action="store_true", help="print as JSON")
     p.add_argument("--max-files", type=int, default=20, help="files to list (default 20)")
+    p.add_argument("--verify", action="store_true",
+                   help="check every shard's SHA-256 against the manifest (reads all bytes)")
     p.set_defaults(handler=_cmd_inspect)
+
+    p = sub.add_parser("vacuum", help="remove old versions of a committed dataset and files "
+                       "no retained version lists")
+    common(p)
+    p.add_argument("uri", help="a committed dataset prefix")
+    p.add_argument("--retain-hours", type=_non_negative_hours, default=7 * 24.0, metavar="H",
+                   help="keep versions superseded less than H hours ago (default 168 = 7 days); "
+                        "the current version is always kept")
+    p.add_argument("--json", action="store_true", help="print what was removed as JSON")
+    p.set_defaults(handler=_cmd_vacuum)
 
     p = sub.add_parser("demo", help="generate a small corpus locally and run the built-in pipeline")
     common(p, ray_=True)

@@ -10,8 +10,13 @@ from slicefeed.connectors import expand_paths, is_committed, read_manifest, reso
 from slicefeed.connectors._formats import FORMATS, FileFormat, format_of_path, get_format
 
 
-def inspect_uri(uri: str, *, fmt: str = "auto", options: dict[str, Any] | None = None) -> dict[str, Any]:
+def inspect_uri(uri: str, *, fmt: str = "auto", options: dict[str, Any] | None = None,
+                verify: bool = False) -> dict[str, Any]:
     """Describes a committed dataset (from its manifest) or raw files.
+
+    For a committed dataset, shard sizes and row counts are checked against
+    the manifest; ``verify`` also checks every shard's SHA-256 (and refuses
+    raw files, which have no manifest to check against).
 
     Parquet row counts come from footers; JSONL, CSV and text files are
     parsed whole, as their reader parses them (``options``; ``.tsv`` files are
@@ -19,21 +24,33 @@ def inspect_uri(uri: str, *, fmt: str = "auto", options: dict[str, Any] | None =
 
     Raises:
         FileNotFoundError: nothing at ``uri``.
-        SpecError: the format cannot be inferred from file names and ``fmt`` is auto.
+        SpecError: the format cannot be inferred from file names and ``fmt`` is
+            auto, or ``verify`` on raw files.
+        ShardMismatchError / CorruptFileError: a shard differs from the manifest
+            (the first one is named).
     """
     from slicefeed.connectors import SpecError
 
     resolved = resolve_filesystem(uri)
     if is_committed(resolved):
+        from slicefeed.connectors import list_versions, verify_shards
+
         m = read_manifest(resolved)
+        verify_shards(resolved, m, checksums=verify)
         return {
-            "uri": resolved.uri, "kind": "committed slicefeed dataset", "num_rows": m.num_rows,
+            "uri": resolved.uri, "kind": "committed slicefeed dataset",
+            "version": m.version, "versions": list(list_versions(resolved)),
+            "verified": "sha256" if verify else "sizes and row counts",
+            "num_rows": m.num_rows,
             "num_bytes": m.num_bytes, "fingerprint": m.fingerprint, "created_at": m.created_at,
             "schema": {f.name: str(f.type) for f in m.schema},
             "files": [{"path": f.path, "num_rows": f.num_rows, "num_bytes": f.num_bytes,
                        "sha256": f.sha256} for f in m.files],
             "metadata": m.metadata,
         }
+    if verify:
+        raise SpecError(f"{resolved.uri}: --verify needs a committed dataset (its manifest "
+                        "records the checksums); this is not one.")
     if fmt != "auto":
         get_format(fmt)
         paths = expand_paths(resolved, suffixes=FORMATS[fmt].listing_suffixes)

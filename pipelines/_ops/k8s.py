@@ -15,9 +15,10 @@
 With ``--schedule "0 3 * * *"`` it prints a ``CronJob`` (``batch/v1``)
 instead of the bare RayJob: each run a small ``kubectl`` pod creates a fresh
 RayJob (``metadata.generateName``) from a second ConfigMap and waits for it,
-under a ServiceAccount whose Role may only create/get RayJobs. Reruns are
-safe: a pipeline whose output is already committed with the same fingerprint
-exits 0 without recomputing.
+under a ServiceAccount whose Role may only create/get RayJobs. A run whose
+sink is committed from the same spec and input exits 0 without recomputing;
+give a scheduled job a dated sink (``--set 'sink.uri=gs://b/out/{date}'``)
+so each run commits its own dataset.
 
 Shipping the spec: by default the spec text goes into the ConfigMap. With
 ``--spec-in-image PATH`` nothing is shipped and the entrypoint reads PATH from
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import shlex
 import os
 import re
 import shlex

@@ -1,4 +1,4 @@
-"""Committed datasets: write_parquet -> _manifest.json -> read_dataset."""
+"""Committed datasets: write_parquet -> manifest version -> read_dataset."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ import pytest
 import ray
 
 from slicefeed.connectors import (
-    MANIFEST_NAME,
     AlreadyCommittedError,
     NotCommittedError,
     is_committed,
@@ -77,19 +76,21 @@ def test_refuses_existing_unless_overwrite(ray_cluster, base_uri):
     write_parquet(ray.data.from_arrow(_table(10)), base_uri, fingerprint="a")
     with pytest.raises(AlreadyCommittedError, match="already holds a committed dataset .10 rows, fingerprint a.. Pass overwrite=True"):
         write_parquet(ray.data.from_arrow(_table(5)), base_uri)
+    old = read_manifest(base_uri)
     m = write_parquet(ray.data.from_arrow(_table(5)), base_uri, overwrite=True)
     assert m.num_rows == 5 and read_dataset(base_uri).count() == 5
-    # The replaced dataset's shards are gone.
+    # The replaced version stays readable, with its shards, until vacuum.
+    assert read_dataset(base_uri, version=old.version).count() == 10
     target = resolve_filesystem(base_uri)
     shards = [p for p in target.fs.ls(target.path, detail=False) if p.endswith(".parquet")]
-    assert len(shards) == len(m.files)
+    assert len(shards) == len(m.files) + len(old.files)
 
 
 def test_prefix_without_manifest_is_refused(ray_cluster, base_uri):
     target = resolve_filesystem(base_uri)
     target.fs.pipe_file(target.join("part-00000-stray.parquet").path, b"junk")
     assert not is_committed(base_uri)
-    with pytest.raises(NotCommittedError, match=r"is not a committed slicefeed dataset: it has no _manifest.json"):
+    with pytest.raises(NotCommittedError, match=r"is not a committed slicefeed dataset: it has no manifest"):
         read_dataset(base_uri)
     with pytest.raises(FileNotFoundError):
         read_manifest(f"{base_uri}/elsewhere")
@@ -131,7 +132,10 @@ def test_killed_writer_leaves_no_manifest_then_rerun_commits(ray_cluster, base_u
     flag = str(tmp_path / "started")
     script = tmp_path / "writer.py"
     script.write_text(_KILLED_WRITER.format(root=os.path.dirname(os.path.dirname(HERE)), flag=flag, uri=base_uri))
-    proc = subprocess.Popen([sys.executable, str(script)], start_new_session=True)
+    # The killed writer's lease expires 3 s after its last refresh; then its
+    # shards are strays that the next commit removes.
+    proc = subprocess.Popen([sys.executable, str(script)], start_new_session=True,
+                            env={**os.environ, "SLICEFEED_LEASE_TTL_S": "3"})
     try:
         deadline = time.monotonic() + 120
         while not os.path.exists(flag):
@@ -147,6 +151,7 @@ def test_killed_writer_leaves_no_manifest_then_rerun_commits(ray_cluster, base_u
         read_dataset(base_uri)
     target = resolve_filesystem(base_uri)
     strays = [p for p in target.fs.find(target.path) if p.endswith(".parquet")]
+    time.sleep(3.5)
     # Put a stray shard there for sure: a crashed run may or may not have left one.
     target.fs.pipe_file(target.join("part-00099-crashed.parquet").path, b"not parquet at all")
     m = write_parquet(
@@ -157,5 +162,5 @@ def test_killed_writer_leaves_no_manifest_then_rerun_commits(ray_cluster, base_u
     assert sorted(r["i"] for r in read_dataset(base_uri).take_all()) == list(range(40))
     left = sorted(p.rsplit("/", 1)[-1] for p in target.fs.find(target.path) if p.endswith(".parquet"))
     assert left == sorted(f.path for f in m.files), (left, strays)
-    doc = json.loads(target.fs.cat_file(target.join(MANIFEST_NAME).path))
-    assert doc["num_rows"] == 40
+    doc = json.loads(target.fs.cat_file(target.join("_versions", f"{m.version:020d}.json").path))
+    assert doc["num_rows"] == 40 and doc["format"] == "slicefeed.dataset/v2"

@@ -32,12 +32,13 @@ def make_table(start: int, n: int, width: int = 4) -> pa.Table:
 def write_committed(
     uri: str, sizes: list[int], *, row_group_size: int = 7, width: int = 4
 ) -> int:
-    """Writes ``part-*.parquet`` files of ``sizes`` rows and a ``_manifest.json``
+    """Writes ``part-*.parquet`` files of ``sizes`` rows and manifest version 1
     under ``uri`` (local path or gs://). Returns the total row count; ids are
     0..N-1 across files."""
     import io
 
     from slicefeed.connectors import Manifest, ManifestFile, resolve_filesystem
+    from slicefeed.connectors._manifest import version_name
 
     root = resolve_filesystem(uri)
     root.fs.makedirs(root.path, exist_ok=True)
@@ -53,9 +54,27 @@ def write_committed(
         data = sink.getvalue()
         with root.fs.open(root.join(name).path, "wb") as f:
             f.write(data)
-        files.append(ManifestFile(name, n, len(data), hashlib.sha256(data).hexdigest()))
+        groups = pq.read_metadata(io.BytesIO(data))
+        files.append(ManifestFile(
+            name, n, len(data), hashlib.sha256(data).hexdigest(),
+            tuple(groups.row_group(k).num_rows for k in range(groups.num_row_groups)), "testdata"))
         start += n
-    m = Manifest(files=tuple(files), schema=schema)
-    with root.fs.open(root.join("_manifest.json").path, "wb") as f:
+    m = Manifest(files=tuple(files), schema=schema, version=1, writer="testdata")
+    root.fs.makedirs(root.join("_versions").path, exist_ok=True)
+    with root.fs.open(root.join(version_name(1)).path, "wb") as f:
         f.write(m.to_json().encode())
     return start
+
+
+def commit_manifest(uri: str, manifest) -> None:
+    """Commits ``manifest`` (files already written) as version 1 of the dataset at ``uri``."""
+    import dataclasses
+
+    from slicefeed.connectors import resolve_filesystem
+    from slicefeed.connectors._manifest import version_name
+
+    root = resolve_filesystem(uri)
+    m = dataclasses.replace(manifest, version=1, writer="testdata")
+    root.fs.makedirs(root.join("_versions").path, exist_ok=True)
+    with root.fs.open(root.join(version_name(1)).path, "wb") as f:
+        f.write(m.to_json().encode())

@@ -5,9 +5,9 @@ a JSON line that is not an object, values of the wrong type (``cast``),
 non-UTF-8 text lines, and (once those transforms exist) nulls in a required
 column (``tokenize``) and undecodable images (``decode_image``).
 
-An unreadable file counts as one bad record (its row count is unknown); every
-other bad record is one row. In every run
-``rows_read == rows_written + rows_filtered + rows_skipped + rows_quarantined``.
+A file that cannot be read at all (its row count is unknown) fails the run
+whatever ``max_error_fraction`` says; every other bad record is one row. In
+every run ``rows_read == rows_written + rows_filtered + rows_skipped + rows_quarantined``.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ def _parquet_corpus(base: str) -> dict:
         "read": 32, "written": 30, "bad": 2,
         "bad_files": {"zz-garbage.parquet", "zz-truncated.parquet"},
         "reasons": ["not a readable Parquet file"],
+        "unreadable": True,
     }
 
 
@@ -103,8 +104,14 @@ def _spec(base: str, corpus: dict, **kw) -> dict:
     return spec
 
 
-def _quarantined(sink: str) -> list[dict]:
-    q = resolve_filesystem(f"{sink}/_quarantine")
+def _quarantined(sink: str, version: int | None = None) -> list[dict]:
+    """The quarantined records of the run that committed ``version`` (default current)."""
+    from slicefeed.connectors import read_manifest
+
+    m = read_manifest(sink, version=version)
+    if m.quarantine is None:
+        return []
+    q = resolve_filesystem(f"{sink}/{m.quarantine}")
     if not q.fs.exists(q.path):
         return []
     rows = []
@@ -136,9 +143,23 @@ def _assert_adds_up(report, corpus) -> None:
     assert doc["fingerprint"] and doc["versions"]["ray"] and doc["wall_s"] > 0
 
 
+def _fails_as_unreadable(local_dir: str, corpus: dict, policy: str) -> bool:
+    """Files whose row count is unknown fail the run even with a generous budget."""
+    if not corpus.get("unreadable"):
+        return False
+    with pytest.raises(Exception, match=r"2 input file\(s\) could not be read at all "
+                                        r"\('zz-garbage\.parquet', 'zz-truncated\.parquet'\): "
+                                        r"their row count is unknown"):
+        Pipeline(_spec(local_dir, corpus, on_error=policy, max_error_fraction=1.0)).run()
+    assert not is_committed(f"{local_dir}/out")
+    return True
+
+
 @pytest.mark.parametrize("kind", sorted(CORPORA))
 def test_skip_counts_bad_records(ray_cluster, local_dir, kind):
     corpus = CORPORA[kind](local_dir)
+    if _fails_as_unreadable(local_dir, corpus, "skip"):
+        return
     report = Pipeline(_spec(local_dir, corpus, on_error="skip")).run()
     _assert_adds_up(report, corpus)
     assert report.rows_skipped == corpus["bad"] and report.rows_quarantined == 0
@@ -149,6 +170,8 @@ def test_skip_counts_bad_records(ray_cluster, local_dir, kind):
 @pytest.mark.parametrize("kind", sorted(CORPORA))
 def test_quarantine_writes_each_bad_record(ray_cluster, local_dir, kind):
     corpus = CORPORA[kind](local_dir)
+    if _fails_as_unreadable(local_dir, corpus, "quarantine"):
+        return
     report = Pipeline(_spec(local_dir, corpus, on_error="quarantine")).run()
     _assert_adds_up(report, corpus)
     assert report.rows_quarantined == corpus["bad"] and report.rows_skipped == 0
@@ -263,3 +286,12 @@ def test_replaced_run_leaves_no_stale_quarantine(ray_cluster, local_dir):
     r = Pipeline(_spec(local_dir, corpus, on_error="skip")).run(overwrite=True)
     assert r.rows_skipped == 1
     assert _quarantined(f"{local_dir}/out") == []
+    # The replaced version keeps its own quarantine until vacuum removes the version.
+    assert len(_quarantined(f"{local_dir}/out", version=1)) == 1
+    import time
+
+    from slicefeed.connectors import vacuum
+
+    vacuum(f"{local_dir}/out", retain_hours=0, now=time.time() + 1)
+    q = resolve_filesystem(f"{local_dir}/out/_quarantine")
+    assert not q.fs.exists(q.path) or not q.fs.find(q.path)

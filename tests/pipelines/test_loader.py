@@ -207,12 +207,16 @@ def test_pyarrow_fixed_size_list_2048(env, local_dir):
     # loader's own Ray read tasks (row groups of 16 rows).
     from slicefeed.connectors import Manifest, ManifestFile
 
+    import hashlib
+
+    from tests.pipelines._data import commit_manifest
+
     data = open(path, "rb").read()
     m = Manifest(
-        files=(ManifestFile("tokens.parquet", n, len(data), "-"),), schema=table.schema
+        files=(ManifestFile("tokens.parquet", n, len(data), hashlib.sha256(data).hexdigest()),),
+        schema=table.schema,
     )
-    with open(os.path.join(local_dir, "_manifest.json"), "w") as f:
-        f.write(m.to_json())
+    commit_manifest(local_dir, m)
     with JaxLoader(local_dir, global_batch_size=16, columns=["tokens"]) as loader:
         got = np.concatenate([np.asarray(b["tokens"]) for b in loader])
     np.testing.assert_array_equal(got, tokens.reshape(n, width))

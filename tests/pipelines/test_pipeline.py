@@ -12,6 +12,7 @@ from slicefeed.connectors import (
     BadRecordError,
     SpecError,
     read_dataset,
+    is_committed,
     read_manifest,
     resolve_filesystem,
 )
@@ -97,9 +98,7 @@ def test_bad_record_fail_names_file_and_row(ray_cluster, base_uri):
         Pipeline(_spec(base_uri)).run()
     assert e.errisinstance(BadRecordError) or "BadRecordError" in str(e.value)
     assert "file 'f1.jsonl' row 1: Cast: value in column 'score' cannot be cast to int32" in str(e.value)
-    assert not resolve_filesystem(f"{base_uri}/out/_manifest.json").fs.exists(
-        resolve_filesystem(f"{base_uri}/out/_manifest.json").path
-    )
+    assert not is_committed(f"{base_uri}/out")
 
 
 def test_bad_records_skip_counts_and_quarantine_writes(ray_cluster, base_uri):
@@ -130,9 +129,7 @@ def test_max_error_fraction_refuses_commit(ray_cluster, base_uri):
     put_bytes(f"{base_uri}/raw/f1.jsonl", '{"id": 101, "score": "seven", "text": "b"}\n')
     with pytest.raises(Exception, match=r"1 of 5 rows were bad \(20.00%\), more than max_error_fraction=0.1"):
         Pipeline(_spec(base_uri, on_error="skip", max_error_fraction=0.1)).run()
-    assert not resolve_filesystem(f"{base_uri}/out/_manifest.json").fs.exists(
-        resolve_filesystem(f"{base_uri}/out/_manifest.json").path
-    )
+    assert not is_committed(f"{base_uri}/out")
 
 
 def test_run_without_sink_is_a_spec_error(base_uri):

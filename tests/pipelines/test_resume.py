@@ -105,13 +105,17 @@ def _shards(uri: str) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_sigkill_mid_write_then_rerun_commits_identical_dataset(ray_cluster, tmp_path):
+def test_sigkill_mid_write_then_rerun_commits_identical_dataset(ray_cluster, tmp_path, monkeypatch):
     marker = str(tmp_path / "stalled")
     spec = _spec(tmp_path, marker, match="f15", seconds=300)
     sink = str(tmp_path / "out set")
     ref_sink = str(tmp_path / "reference")
 
+    # The killed run's writer lease lapses 3 s after the kill; its shards are
+    # then strays that the rerun's commit removes.
+    monkeypatch.setenv("SLICEFEED_LEASE_TTL_S", "3")
     proc = _cli(["run", spec])
+    monkeypatch.delenv("SLICEFEED_LEASE_TTL_S")
     try:
         deadline = time.monotonic() + 240
         while not (os.path.exists(marker) and _shards(sink)):

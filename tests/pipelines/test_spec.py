@@ -29,7 +29,7 @@ def test_good_spec_gets_defaults():
 @pytest.mark.parametrize(
     "spec, message",
     [
-        (_with(sourc={}), r"unknown key 'sourc' in \(top level\); allowed keys: description, max_error_fraction, name, on_error, placement, seed, sink, source, sources, transforms"),
+        (_with(sourc={}), r"unknown key 'sourc' in \(top level\); allowed keys: description, max_error_fraction, name, on_error, placement, seed, sink, source, sources, task_retries, transforms"),
         ({"name": "t"}, r"missing required key 'source'"),
         ({"source": GOOD["source"]}, r"missing required key 'name'"),
         (_with(seed="zero"), r"seed must be an integer, got string 'zero'"),

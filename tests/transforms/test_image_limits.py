@@ -22,8 +22,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import yaml
-from _harness import put_bytes
 from PIL import Image
+
+from tests._harness import put_bytes
 from slicefeed.connectors import SpecError
 from slicefeed.transforms import (
     ERROR_COLUMN,

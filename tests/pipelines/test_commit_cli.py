@@ -1,0 +1,201 @@
+"""The commit protocol as `slicefeed` users meet it: concurrent runs, overwrite,
+vacuum, sinks overlapping sources, corrupt manifests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+from slicefeed.connectors import (
+    current_version,
+    list_versions,
+    read_dataset,
+    read_manifest,
+    resolve_filesystem,
+)
+
+from tests._harness import put_bytes
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+_CLI = (
+    "import sys; sys.path.insert(0, {root!r}); import tests.pipelines._barrier_transform; "
+    "from slicefeed.pipelines._ops.cli import main; sys.exit(main(sys.argv[1:]))"
+)
+
+
+def _cli(*args: str, cluster: bool = True) -> subprocess.Popen:
+    """``slicefeed ARGS`` as its own driver process (on the session's Ray cluster)."""
+    env = dict(os.environ)
+    if cluster:
+        import ray
+
+        env["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+    return subprocess.Popen(
+        [sys.executable, "-c", _CLI.format(root=os.path.dirname(os.path.dirname(HERE))), *args], env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+
+
+def _run(*args: str, cluster: bool = True, timeout: float = 300) -> tuple[int, str, str]:
+    p = _cli(*args, cluster=cluster)
+    out, err = p.communicate(timeout=timeout)
+    return p.returncode, out, err
+
+
+def _corpus(raw: str, files: int = 3, rows: int = 10) -> None:
+    for f in range(files):
+        put_bytes(f"{raw}/f{f}.jsonl", "".join(
+            json.dumps({"id": f * rows + i, "text": f"doc {f}-{i}"}) + "\n" for i in range(rows)))
+
+
+def _spec_file(tmp_path, raw: str, sink: str, *, barrier: str = "", name: str = "spec.yaml",
+               source_uri: str | None = None) -> str:
+    transforms = [{"cast": {"columns": {"id": "int32"}}}]
+    if barrier:
+        transforms.insert(0, {"test_barrier": {"dir": barrier}})
+    spec = {"name": "commit", "source": {"format": "jsonl", "uri": source_uri or raw},
+            "transforms": transforms, "sink": {"format": "parquet", "uri": sink}}
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(spec))
+    return str(path)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_concurrent_runs_one_commits(ray_cluster, base_uri, tmp_path):
+    """Two `slicefeed run` processes race for one sink. Same spec and inputs: both
+    exit 0, one reports "already committed". Different specs (both --overwrite):
+    one commits, the other fails with CommitConflictError (exit 1)."""
+    raw, sink = f"{base_uri}/raw", f"{base_uri}/out"
+    _corpus(raw)
+    b1 = tmp_path / "b1"
+    b1.mkdir()
+    spec = _spec_file(tmp_path, raw, sink, barrier=str(b1))
+    procs = [_cli("run", spec), _cli("run", spec)]
+    results = [(p.wait(timeout=600), *p.communicate()) for p in procs]
+    assert [r[0] for r in results] == [0, 0], [r[2][-2000:] for r in results]
+    outs = sorted(r[1] for r in results)
+    assert sum("already committed" in o for o in outs) == 1, outs
+    assert list(list_versions(sink)) == [1]
+    assert sorted(r["id"] for r in read_dataset(sink).take_all()) == list(range(30))
+    listed = {f.path for f in read_manifest(sink).files}
+    t = resolve_filesystem(sink)
+    on_disk = {p.rsplit("/", 1)[-1] for p in t.fs.find(t.path) if p.endswith(".parquet")
+               and "/_" not in p[len(t.path):]}
+    assert on_disk == listed
+
+    b2 = tmp_path / "b2"
+    b2.mkdir()
+    spec2 = _spec_file(tmp_path, raw, sink, barrier=str(b2), name="spec2.yaml")
+    procs = [_cli("run", spec2, "--overwrite"),
+             _cli("run", spec2, "--overwrite", "--set", "seed=3")]
+    results = [(p.wait(timeout=600), *p.communicate()) for p in procs]
+    codes = sorted(r[0] for r in results)
+    assert codes == [0, 1], [r[2][-2000:] for r in results]
+    loser = next(r for r in results if r[0] == 1)
+    assert "CommitConflictError" in loser[2] and "committed version 2" in loser[2], loser[2][-2000:]
+    assert current_version(sink) == 2 and list(list_versions(sink)) == [1, 2]
+    on_disk = {p.rsplit("/", 1)[-1] for p in t.fs.find(t.path) if p.endswith(".parquet")
+               and "/_" not in p[len(t.path):]}
+    assert on_disk == {f.path for v in (1, 2) for f in read_manifest(sink, version=v).files}
+
+
+@pytest.mark.timeout(600)
+def test_failed_overwrite_keeps_previous_version_then_vacuum(ray_cluster, local_dir, tmp_path):
+    raw, sink = f"{local_dir}/raw", f"{local_dir}/out"
+    _corpus(raw)
+    spec = _spec_file(tmp_path, raw, sink)
+    assert _run("run", spec)[0] == 0
+    v1 = read_manifest(sink)
+    # A bad record under on_error: fail makes the overwrite fail after writing shards.
+    put_bytes(f"{raw}/f9.jsonl", '{"id": "not a number", "text": "x"}\n')
+    code, _, err = _run("run", spec, "--overwrite", "--set", "seed=5")
+    assert code == 1, err[-2000:]
+    assert read_manifest(sink) == v1 and current_version(sink) == 1
+    assert sorted(r["id"] for r in read_dataset(sink).take_all()) == list(range(30))
+    with open(os.path.join(sink, "_report.json")) as f:
+        report = json.load(f)
+    assert report["rows_written"] == 30  # the committed run's report is still there
+    os.remove(f"{raw}/f9.jsonl")
+    assert _run("run", spec, "--overwrite", "--set", "seed=5")[0] == 0
+    v2 = read_manifest(sink)
+    assert v2.version == 2 and v2.report and os.path.exists(os.path.join(sink, v2.report))
+    assert read_dataset(sink, version=1).count() == 30
+    code, out, err = _run("vacuum", sink, cluster=False)
+    assert code == 0 and "removed versions: none" in out, err
+    code, out, err = _run("vacuum", sink, "--retain-hours", "0", "--json", cluster=False)
+    assert code == 0, err
+    assert json.loads(out)["versions_removed"] == [1]
+    assert not any(os.path.exists(os.path.join(sink, f.path)) for f in v1.files)
+    assert all(os.path.exists(os.path.join(sink, f.path)) for f in v2.files)
+    code, _, err = _run("vacuum", sink, "--retain-hours", "-1", cluster=False)
+    assert code == 2 and "--retain-hours: must be a number of hours >= 0" in err
+
+
+@pytest.mark.parametrize("sink_of", [
+    lambda raw: raw,                                   # the source folder itself
+    lambda raw: raw + "/",                             # trailing slash
+    lambda raw: "file://" + raw,                       # file:// URI
+    lambda raw: raw + "/sub/..",                       # '..'
+    lambda raw: os.path.dirname(raw),                  # contains the source
+    lambda raw: raw + "/out",                          # inside the source
+    lambda raw: raw + "/{date}/..",                    # a template that expands to it
+])
+def test_sink_overlapping_source_is_refused(local_dir, tmp_path, sink_of):
+    raw = os.path.join(local_dir, "raw")
+    _corpus(raw)
+    spec = _spec_file(tmp_path, raw, sink_of(raw))
+    before = sorted(os.listdir(raw))
+    code, _, err = _run("validate", spec, cluster=False, timeout=120)
+    assert code == 2 and "overlaps source" in err and "write to a separate prefix" in err, err
+    code, _, err = _run("run", spec, cluster=False, timeout=120)
+    assert code == 2 and "overlaps source" in err, err
+    assert sorted(os.listdir(raw)) == before
+
+
+def test_sink_in_spark_style_input_folder_is_refused(local_dir, tmp_path):
+    """Spark-style part-*.parquet inputs read by glob; the sink is their folder."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    raw = os.path.join(local_dir, "spark")
+    os.makedirs(raw)
+    for k in range(2):
+        pq.write_table(pa.table({"id": [k], "text": ["x"]}), f"{raw}/part-0000{k}-abc.snappy.parquet")
+    spec = {"name": "s", "source": {"format": "parquet", "uri": f"{raw}/part-*.parquet"},
+            "sink": {"format": "parquet", "uri": raw}}
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    code, _, err = _run("run", str(path), cluster=False, timeout=120)
+    assert code == 2 and "overlaps source" in err, err
+    assert len(os.listdir(raw)) == 2
+    # A sink beside the glob's files, which the pattern cannot match, is fine.
+    from slicefeed.pipelines import Pipeline
+
+    spec["sink"]["uri"] = f"{raw}/out"
+    Pipeline(spec).check_sink()
+
+
+@pytest.mark.timeout(600)
+def test_corrupt_manifest_does_not_block_overwrite(ray_cluster, local_dir, tmp_path):
+    raw, sink = f"{local_dir}/raw", f"{local_dir}/out"
+    _corpus(raw)
+    spec = _spec_file(tmp_path, raw, sink)
+    assert _run("run", spec)[0] == 0
+    (vfile,) = [loc.path for loc in list_versions(sink).values()]
+    with open(vfile, "w") as f:
+        f.write('{"format": "slicefeed.dataset/v2", "files": [tr')
+    code, _, err = _run("run", spec)
+    assert code == 1 and "is not a valid slicefeed manifest: not JSON" in err, err
+    code, _, err = _run("run", spec, "--overwrite")
+    assert code == 0, err[-2000:]
+    assert current_version(sink) == 2
+    assert sorted(r["id"] for r in read_dataset(sink).take_all()) == list(range(30))
+    aside = os.listdir(os.path.join(sink, "_corrupt"))
+    assert len(aside) == 1 and aside[0].startswith(os.path.basename(vfile))
+    assert not os.path.exists(vfile)

@@ -1,0 +1,32 @@
+"""A JaxLoader over a committed-dataset URI reads the version it opened to the end."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.pipelines._data import make_table
+
+
+@pytest.fixture
+def env(ray_cluster, jax_cpu):
+    return jax_cpu
+
+
+def test_loader_keeps_reading_the_version_it_opened(env, local_dir):
+    import ray
+    from slicefeed.connectors import current_version, write_parquet
+    from slicefeed.pipelines import JaxLoader
+
+    write_parquet(ray.data.from_arrow(make_table(0, 64)).repartition(8), local_dir)
+    # Windows of 8 rows, read one at a time: most of the epoch is read after
+    # the overwrite below.
+    loader = JaxLoader(local_dir, global_batch_size=8, shuffle=True, seed=0,
+                       shuffle_buffer_rows=8, num_epochs=1, prefetch=1, local_read_ahead=1)
+    ids = [np.asarray(next(loader)["id"])]
+    write_parquet(ray.data.from_arrow(make_table(1000, 64)).repartition(8), local_dir,
+                  overwrite=True)
+    assert current_version(local_dir) == 2
+    ids += [np.asarray(b["id"]) for b in loader]
+    loader.close()
+    assert sorted(np.concatenate(ids).tolist()) == list(range(64))
