@@ -54,6 +54,7 @@ from slicefeed.connectors import (
     write_atomic,
     write_parquet,
 )
+from slicefeed.connectors._compat import task_retry_args
 from slicefeed.connectors._formats import get_format
 from slicefeed.pipelines import _rerun
 from slicefeed.pipelines._spec import (
@@ -515,13 +516,15 @@ class Pipeline:
     def _read_source(self, src: SourceSpec, shard: tuple[int, int] | None = None) -> ray.data.Dataset:
         opts = dict(src.options)
         if src.format == "dataset":
-            return read_dataset(src.uri, provenance=True, shard=shard, **opts, **src.storage,
-                                ray_remote_args=self._retries())
+            with task_retry_args():
+                return read_dataset(src.uri, provenance=True, shard=shard, **opts, **src.storage,
+                                    ray_remote_args=self._retries())
         reader = getattr(connectors, get_format(src.format).reader)
-        return reader(
-            src.uri, provenance=True, mark_errors=self.spec.on_error != "fail",
-            shard=shard, **opts, **src.storage, ray_remote_args=self._retries(),
-        )
+        with task_retry_args():
+            return reader(
+                src.uri, provenance=True, mark_errors=self.spec.on_error != "fail",
+                shard=shard, **opts, **src.storage, ray_remote_args=self._retries(),
+            )
 
     def source_schema(self) -> pa.Schema:
         """Schema of the (first) source, read from one file's metadata, without Ray."""
@@ -616,11 +619,12 @@ class Pipeline:
             )
         on_error = self.spec.on_error
         retries = self._retries()
-        ds = ds.map_batches(
-            _Stage([], on_error=on_error, counters=counters, quarantine=quarantine,
-                   count_input=True),
-            batch_format="pyarrow", zero_copy_batch=True, **retries,
-        )
+        with task_retry_args():
+            ds = ds.map_batches(
+                _Stage([], on_error=on_error, counters=counters, quarantine=quarantine,
+                       count_input=True),
+                batch_format="pyarrow", zero_copy_batch=True, **retries,
+            )
         group: list[Any] = []
         n_stages = [0]
         first = [0]
@@ -628,12 +632,14 @@ class Pipeline:
         def flush(ds: ray.data.Dataset) -> ray.data.Dataset:
             if group:
                 n_stages[0] += 1
-                ds = ds.map_batches(
-                    _Stage(list(group), on_error=on_error, counters=counters, quarantine=quarantine,
-                           stage_id=f"{n_stages[0]}:" + "+".join(t.name for t in group),
-                           first_index=first[0]),
-                    batch_format="pyarrow", zero_copy_batch=True, **retries,
-                )
+                with task_retry_args():
+                    ds = ds.map_batches(
+                        _Stage(list(group), on_error=on_error, counters=counters,
+                               quarantine=quarantine,
+                               stage_id=f"{n_stages[0]}:" + "+".join(t.name for t in group),
+                               first_index=first[0]),
+                        batch_format="pyarrow", zero_copy_batch=True, **retries,
+                    )
                 group.clear()
             return ds
 

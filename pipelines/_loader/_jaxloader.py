@@ -254,10 +254,18 @@ class JaxLoader:
             row_bytes=rbytes,
             stats=self._stats,
         )
-        start = (self._epoch, self._step)
-        self._runtime = Runtime(lambda: producer.items(*start), opts.prefetch, stop)
-        self._finalizer = weakref.finalize(self, self._runtime.close)
+        self._producer = producer
         self._t0 = t0
+        self._start_runtime()
+
+    def _start_runtime(self) -> None:
+        """A fresh producer runtime from the current position (nothing refers back
+        to the loader, so a dropped loader is collected and its finalizer runs)."""
+        stop = threading.Event()  # per runtime: an old producer never restarts
+        producer = self._producer.restarted(stop)
+        start = (self._epoch, self._step)
+        self._runtime = Runtime(lambda: producer.items(*start), self.options.prefetch, stop)
+        self._finalizer = weakref.finalize(self, self._runtime.close)
         self._done = False
         self._error: BaseException | None = None
 
@@ -298,6 +306,34 @@ class JaxLoader:
             "seed": self.seed,
             "plan": dict(self._plan),
         }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continues from ``state`` (a ``state_dict()``), also after iterating:
+        batches already prefetched are dropped and production restarts there.
+
+        Raises:
+            SpecError: ``state`` was saved for other data or configuration.
+        """
+        self._load_state(state)
+        self._finalizer()  # stops the current producer and frees its batches
+        self._start_runtime()
+
+    def __len__(self) -> int:
+        """Steps per epoch, when known before reading (committed datasets, Datasets
+        whose row count Ray knows from metadata).
+
+        Raises:
+            TypeError: the count is only found while reading (the hosts agree
+                step by step), so there is no length up front.
+        """
+        if self.steps_per_epoch is None:
+            raise TypeError(
+                "JaxLoader: steps per epoch are not known before reading this source (its "
+                "row count is not in its metadata: a DataIterator, or a Dataset after "
+                "map_batches/filter); hosts agree on the steps while reading. Use a "
+                "committed dataset URI for a known length."
+            )
+        return self.steps_per_epoch
 
     def stats(self) -> dict:
         """Counters: rows (real rows delivered by this host), batches, bytes (host

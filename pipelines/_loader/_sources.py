@@ -380,13 +380,11 @@ def make_source(
         SpecError: an unsupported source, a ``.dataset()`` that returns no
             Dataset, or a Dataset shared by several processes.
     """
-    import ray.data
-
-    from slicefeed.pipelines._pipeline import Pipeline
-
-    shared = process_count > 1 and not host_local
     if isinstance(source, str) or hasattr(source, "__fspath__"):
         return ManifestSource(str(source), fs_kwargs)
+    import ray.data
+
+    shared = process_count > 1 and not host_local
     if isinstance(source, ray.data.Dataset):
         if shared:
             raise _refuse_shared("a ray.data.Dataset", process_count)
@@ -397,6 +395,8 @@ def make_source(
         # A slicefeed Pipeline knows its output schema without running
         # (``check()``, what ``slicefeed validate`` computes): asking the Dataset
         # instead would execute the pipeline once more than the epochs need.
+        from slicefeed.pipelines._pipeline import Pipeline  # only for pipeline sources
+
         check = getattr(source, "check", None)
         schema = check() if callable(check) else None
         if isinstance(source, Pipeline) and shared:
