@@ -355,7 +355,7 @@ def list_names(d: ResolvedPath) -> list[str]:
             paths = d.fs.ls(d.path, detail=False, refresh=True)
         else:
             paths = d.fs.ls(d.path, detail=False)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # nothing there, or a file
         return []
     return [p.rstrip("/").rsplit("/", 1)[-1] for p in paths]
 

@@ -83,6 +83,7 @@ def test_demo_runs_twice_and_feeds_jax(tmp_path):
     assert "text-lm: read 1000 rows" in r.stdout and "demo: wrote" not in r.stdout
 
 
+@pytest.mark.slow  # five CLI subprocesses, each starting Ray: 166 s measured under load
 @pytest.mark.timeout(600)
 def test_run_validate_inspect(spec_file, local_dir):
     r = slicefeed("validate", spec_file)

@@ -109,6 +109,7 @@ def test_interleave_errors(sources, ray_cluster):
         interleave([web, narrow], [1, 1])
 
 
+@pytest.mark.slow  # a full mixture run plus a survey pass: 91 s measured under load
 def test_pipeline_sources_mixture_reports_per_source_counts(sources, ray_cluster, local_dir):
     import os
 
