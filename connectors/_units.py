@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
+
 from slicefeed.connectors._commit import (
     SHARD_PREFIX,
     Lease,
@@ -237,6 +238,7 @@ def write_units(
         AlreadyCommittedError, CommitConflictError: as :func:`write_parquet`.
     """
     import ray
+
     from slicefeed.connectors._writers import _common_schema, _own_shards, commit_version
 
     versions = list_versions(target)
