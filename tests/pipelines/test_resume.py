@@ -306,3 +306,25 @@ def test_sigkill_after_half_the_shards_rerun_reuses_them(ray_cluster, tmp_path, 
     assert _shards(sink) == sorted(f.path for f in m.files)
     print(f"rerun read {report['bytes_read']} of {total} input bytes "
           f"({report['bytes_read'] / total:.0%}); reused {report['shards_reused']} shards")
+
+
+@pytest.mark.timeout(300)
+def test_dataset_level_op_reports_that_a_rerun_recomputes_everything(ray_cluster, tmp_path):
+    """A pipeline whose rows depend on other input files runs without units,
+    and its report says why a rerun would recompute everything."""
+    from slicefeed.pipelines import Pipeline
+
+    raw = str(tmp_path / "raw data")
+    _corpus(raw)
+    spec = {
+        "name": "dedup",
+        "source": {"format": "jsonl", "uri": raw},
+        "transforms": [{"deduplicate": {"columns": ["text"]}}],
+        "sink": {"format": "parquet", "uri": str(tmp_path / "out")},
+    }
+    report = Pipeline(spec).run()
+    assert report.units == 0 and report.shards_reused == 0
+    assert "`deduplicate` works on the whole dataset" in report.reuse
+    assert "recomputes everything" in report.reuse
+    assert report.rows_written == N_FILES * ROWS
+    assert not os.path.exists(os.path.join(str(tmp_path / "out"), "_units"))
