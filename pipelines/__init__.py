@@ -76,10 +76,10 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "RECIPES",
     "JaxLoader",
     "JaxLoaderRestore",
     "JaxLoaderSave",
-    "RECIPES",
     "Pipeline",
     "RunReport",
     "SliceSpec",

@@ -5,7 +5,8 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any, Self
 
 from slicefeed.connectors import SpecError
 from slicefeed.pipelines._loader import _plan
@@ -20,7 +21,7 @@ from slicefeed.pipelines._loader._sources import ManifestSource, ReadContext, ma
 STATE_VERSION = 2
 # Rows per read window of a committed dataset when not shuffling: ~32 MB of decoded
 # rows per read (benchmarks/loader.py: 64 MB of *compressed* Parquet made the first
-# window 4x larger, the time to first batch 30 s on 2 cores).
+# window 4x larger and multiplied the time to first batch).
 WINDOW_TARGET_BYTES = 32 << 20
 
 
@@ -345,7 +346,7 @@ class JaxLoader:
         s["steps_per_epoch"] = self.steps_per_epoch
         return s
 
-    def __iter__(self) -> "JaxLoader":
+    def __iter__(self) -> JaxLoader:
         return self
 
     def __next__(self) -> dict:
@@ -385,7 +386,7 @@ class JaxLoader:
         self._done = True
         self._finalizer()
 
-    def __enter__(self) -> "JaxLoader":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 

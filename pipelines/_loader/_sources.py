@@ -12,7 +12,8 @@ import dataclasses
 import hashlib
 import json
 import threading
-from typing import Any, Iterator, Mapping, Protocol
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -85,7 +86,7 @@ def arrow_schema(schema: Any) -> pa.Schema:
                 at = t.to_arrow_dtype()
             else:
                 at = pa.from_numpy_dtype(t)
-        except Exception as e:  # noqa: BLE001 - reported with the column
+        except Exception as e:
             raise SpecError(
                 f"JaxLoader: column {name!r} has type {t}, which has no Arrow equivalent; "
                 "convert or exclude it in the pipeline."

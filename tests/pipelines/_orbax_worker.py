@@ -11,12 +11,12 @@ from tests._harness import configure_process_env
 
 configure_process_env()
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import orbax.checkpoint as ocp  # noqa: E402
+import jax
+import jax.numpy as jnp
+import orbax.checkpoint as ocp
 
-from slicefeed.pipelines import JaxLoaderRestore, JaxLoaderSave  # noqa: E402
-from tests.pipelines._conformance import digests  # noqa: E402
+from slicefeed.pipelines import JaxLoaderRestore, JaxLoaderSave
+from tests.pipelines._conformance import digests
 
 
 def main():

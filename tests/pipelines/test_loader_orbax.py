@@ -21,7 +21,7 @@ def test_orbax_save_and_restore_in_fresh_process(jax_cpu, committed, tmp_path):
     from slicefeed.pipelines import JaxLoader
 
     uri, _ = committed
-    kw = dict(global_batch_size=16, num_epochs=2, shuffle=True, seed=9, shuffle_buffer_rows=32)
+    kw = {"global_batch_size": 16, "num_epochs": 2, "shuffle": True, "seed": 9, "shuffle_buffer_rows": 32}
     ref = digests(JaxLoader(uri, **kw))
     take = len(ref) // 2 + 1  # inside the second epoch
     cfg = {"uri": uri, "ckpt": str(tmp_path / "ckpt"), "kwargs": kw, "take": take}

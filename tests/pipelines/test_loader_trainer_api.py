@@ -34,8 +34,8 @@ def test_load_state_dict_resumes_exactly(env, committed, prefetch):
     from slicefeed.pipelines import JaxLoader
 
     uri, _ = committed
-    kw = dict(global_batch_size=16, num_epochs=2, shuffle=True, seed=4, shuffle_buffer_rows=32,
-              prefetch=prefetch)
+    kw = {"global_batch_size": 16, "num_epochs": 2, "shuffle": True, "seed": 4, "shuffle_buffer_rows": 32,
+              "prefetch": prefetch}
     ref = digests(JaxLoader(uri, **kw))
     a = JaxLoader(uri, **kw)
     head = digests(a, limit=5)
