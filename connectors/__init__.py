@@ -27,6 +27,9 @@ from slicefeed.connectors._errors import (
     ShardMismatchError,
     SlicefeedError,
     SpecError,
+    WorkerCrashError,
+    printable,
+    short_repr,
 )
 from slicefeed.connectors._names import (
     ERROR_COLUMN,
@@ -151,6 +154,7 @@ __all__ = [
     "SlicefeedError",
     "SpecError",
     "VacuumResult",
+    "WorkerCrashError",
     "check_sink_outside_sources",
     "current_version",
     "expand_paths",
@@ -159,6 +163,7 @@ __all__ = [
     "list_versions",
     "new_writer_id",
     "peek_schema",
+    "printable",
     "read_csv",
     "read_dataset",
     "read_jsonl",
@@ -166,6 +171,7 @@ __all__ = [
     "read_parquet",
     "read_text",
     "resolve_filesystem",
+    "short_repr",
     "vacuum",
     "verify_shards",
     "write_atomic",

@@ -68,3 +68,48 @@ class MissingColumnError(SpecError, KeyError):
     def __str__(self) -> str:
         # KeyError would quote the message; keep it readable.
         return str(self.args[0]) if self.args else ""
+
+
+class WorkerCrashError(SlicefeedError, RuntimeError):
+    """A task's worker process died on the same input more often than retries allow.
+
+    The message names the input file(s) and the transform(s) of the task.
+    """
+
+
+#: Longest quotation of user data in a message (spec values, record text).
+QUOTE_LIMIT = 120
+
+
+def printable(text: str, limit: int = QUOTE_LIMIT) -> str:
+    """``text`` for a message, unquoted: control characters escaped, at most ``limit`` chars.
+
+    For text that comes from data (column names, reasons quoting records), so
+    it cannot add lines or terminal escape sequences to a message.
+    """
+    text = str(text)
+    cut = len(text) > limit
+    text = text[:limit]
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return f"{text}..." if cut else text
+
+
+def short_repr(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """``repr(value)`` for messages: control characters escaped, at most ``limit`` chars.
+
+    Strings and bytes are cut before ``repr`` so a huge value costs nothing;
+    containers are rendered, then cut. The result never contains a raw control
+    character (newlines, escape sequences), so attacker-written text cannot
+    forge lines in logs or terminals.
+    """
+    if isinstance(value, (str, bytes)) and len(value) > limit:
+        return f"{value[:limit]!r}... ({len(value)} {'chars' if isinstance(value, str) else 'bytes'})"
+    text = repr(value)
+    # repr escapes control characters in str/bytes; containers of other
+    # objects may not, so escape what is left.
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    if len(text) > limit:
+        text = f"{text[:limit]}... ({len(text)} chars)"
+    return text

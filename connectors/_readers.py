@@ -22,8 +22,8 @@ from __future__ import annotations
 import io
 import json
 import os
-from collections.abc import Mapping
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -36,11 +36,29 @@ from slicefeed.connectors._errors import (
     CorruptFileError,
     MissingColumnError,
     SpecError,
+    printable,
 )
 from slicefeed.connectors._formats import FORMATS, FileFormat, get_format
 from slicefeed.connectors._fs import ResolvedPath, expand_paths, has_glob, resolve_filesystem
 from slicefeed.connectors._names import ERROR_COLUMN, PROVENANCE_FILE, PROVENANCE_ROW, RAW_COLUMN
 
+#: Column names slicefeed adds to rows; input that has them is refused (it
+#: could forge a row's identity or mark rows bad). ``columns:`` in the source
+#: options leaves such a column out.
+RESERVED_INPUT_COLUMNS = (PROVENANCE_FILE, PROVENANCE_ROW, ERROR_COLUMN, RAW_COLUMN)
+
+
+def _check_reserved(names: Sequence[str], uri: str) -> None:
+    clash = [n for n in names if n in RESERVED_INPUT_COLUMNS]
+    if clash:
+        others = [n for n in names if n not in RESERVED_INPUT_COLUMNS]
+        raise SpecError(
+            f"{uri}: column {clash[0]!r} is reserved by slicefeed "
+            f"({', '.join(RESERVED_INPUT_COLUMNS)} carry row identity and bad-record markers). "
+            "Rename it in the input, or keep the other columns with `columns: "
+            f"[{', '.join(printable(n, 40) for n in others[:8])}{', ...' if len(others) > 8 else ''}]` "
+            "in the source options."
+        )
 
 _FIX_HINT = (
     "Fix or remove it, or set `on_error: skip` or `on_error: quarantine` in the "
@@ -120,9 +138,11 @@ class _SlicefeedFileDatasource(FileBasedDatasource):
             if missing:
                 raise MissingColumnError(
                     f"{self._uri(path)}: column(s) {missing} not found; available: "
-                    f"{', '.join(table.column_names)}. Fix `columns` in the source options."
+                    f"{printable(', '.join(table.column_names), 500)}. Fix `columns` in the "
+                    "source options."
                 )
             table = table.select(self._columns)
+        _check_reserved(table.column_names, self._uri(path))
         if self._provenance:
             n = table.num_rows
             table = table.append_column(
@@ -153,8 +173,11 @@ class ParquetFilesDatasource(_SlicefeedFileDatasource):
             pf = pq.ParquetFile(f)
         except (pa.ArrowInvalid, OSError) as e:
             if self._mark_errors:
-                # Row count unknown: one record stands for the whole file.
-                yield self._bad_rows(path, [None], [f"not a readable Parquet file ({e})"])
+                # Row count unknown (the footer holds it): one record with a
+                # null row stands for the whole file; the pipeline lets no
+                # error budget cover it.
+                why = f"not a readable Parquet file ({e}); its row count is unknown"
+                yield self._bad_rows(path, [None], [why])
                 return
             raise CorruptFileError(
                 f"{self._uri(path)} is not a readable Parquet file ({e}). Replace or "
@@ -165,7 +188,8 @@ class ParquetFilesDatasource(_SlicefeedFileDatasource):
             if missing:
                 raise MissingColumnError(
                     f"{self._uri(path)}: column(s) {missing} not found; available: "
-                    f"{', '.join(pf.schema_arrow.names)}. Fix `columns` in the source options."
+                    f"{printable(', '.join(pf.schema_arrow.names), 500)}. Fix `columns` in the "
+                    "source options."
                 )
         row = 0
         try:
@@ -209,12 +233,14 @@ class JsonlDatasource(_SlicefeedFileDatasource):
     def _mark_bad_lines(self, data: bytes, path: str, err: Exception) -> Iterator[pa.Table]:
         """Good lines as rows, bad lines as marked rows (error path only: a Python loop).
 
-        Rows are numbered like the fast path: by non-empty line.
+        Rows are numbered like the fast path: by non-empty line. Lines whose
+        values disagree with earlier lines on a field's type are bad records
+        too (see :func:`_read_json_lines`); the other lines are kept.
         """
-        import pyarrow.json as pajson
-
         good_rows: list[int] = []
         good: list[bytes] = []
+        objs: list[dict] = []
+        linenos: list[int] = []
         bad_rows: list[int] = []
         reasons: list[str] = []
         raw: list[bytes] = []
@@ -231,23 +257,82 @@ class JsonlDatasource(_SlicefeedFileDatasource):
             if reason is None:
                 good_rows.append(record)
                 good.append(line)
+                objs.append(obj)
+                linenos.append(i + 1)
             else:
                 bad_rows.append(record)
                 reasons.append(reason)
                 raw.append(line)
             record += 1
-        if not bad_rows:
-            # Every line parses on its own: the lines disagree on a column's type.
-            yield self._bad_rows(path, [None], [f"cannot be read as JSON lines ({err})"])
-            return
         if good:
-            try:
-                table = pajson.read_json(io.BytesIO(b"\n".join(good)))
-            except pa.ArrowInvalid as e:
-                yield self._bad_rows(path, [None], [f"cannot be read as JSON lines ({e})"])
-                return
-            yield self._finish(table, path, 0, rows=np.asarray(good_rows, dtype=np.int64))
-        yield self._bad_rows(path, bad_rows, reasons, raw)
+            table, rows, more_bad = _read_json_lines(good, good_rows, objs, linenos)
+            if table is not None:
+                yield self._finish(table, path, 0, rows=rows)
+            for row, reason, line in more_bad:
+                bad_rows.append(row)
+                reasons.append(reason)
+                raw.append(line)
+        if bad_rows:
+            yield self._bad_rows(path, bad_rows, reasons, raw)
+
+
+def _read_json_lines(
+    lines: list[bytes], rows: list[int], objs: list[dict], linenos: list[int]
+) -> tuple[pa.Table | None, np.ndarray, list[tuple[int, str, bytes]]]:
+    """Reads JSON-object lines whose values may disagree on a field's type.
+
+    Each field gets the type Arrow infers for its first non-null value; lines
+    that do not fit are found by bisection (``O(k log n)`` reads for ``k`` bad
+    lines) and returned as ``(row, reason, raw line)``.
+    """
+    import pyarrow.json as pajson
+
+    def read(chunk: list[bytes], schema: pa.Schema | None = None) -> pa.Table:
+        opts = pajson.ParseOptions(explicit_schema=schema) if schema is not None else None
+        return pajson.read_json(io.BytesIO(b"\n".join(chunk)), parse_options=opts)
+
+    try:
+        return read(lines), np.asarray(rows, dtype=np.int64), []
+    except pa.ArrowInvalid:
+        pass
+    first: dict[str, int] = {}
+    for i, obj in enumerate(objs):
+        for k, v in obj.items():
+            if v is not None and k not in first:
+                first[k] = i
+    for i, obj in enumerate(objs):  # fields that are null everywhere
+        for k in obj:
+            first.setdefault(k, i)
+    fields = []
+    for name, i in first.items():
+        try:
+            fields.append(read([lines[i]]).schema.field(name))
+        except (pa.ArrowInvalid, KeyError):
+            fields.append(pa.field(name, pa.null()))
+    schema = pa.schema(fields)
+    tables: list[tuple[int, pa.Table]] = []
+    keep: list[int] = []
+    bad: list[tuple[int, str, bytes]] = []
+    stack = [(0, len(lines))]
+    while stack:
+        lo, hi = stack.pop()
+        try:
+            tables.append((lo, read(lines[lo:hi], schema)))
+            continue
+        except pa.ArrowInvalid as e:
+            if hi - lo == 1:
+                msg = str(e).splitlines()[0] if str(e) else "type mismatch"
+                bad.append((rows[lo], (f"line {linenos[lo]} does not match the types of earlier "
+                                      f"lines ({printable(msg, 200)})"), lines[lo]))
+                continue
+        mid = (lo + hi) // 2
+        stack += [(mid, hi), (lo, mid)]
+    tables.sort(key=lambda t: t[0])
+    for lo, t in tables:
+        keep.extend(range(lo, lo + t.num_rows))
+    table = pa.concat_tables([t for _, t in tables]) if tables else None
+    bad.sort()
+    return table, np.asarray(rows, dtype=np.int64)[keep], bad
 
 
 def _locate_bad_json_line(data: bytes, uri: str, err: Exception) -> BadRecordError:
@@ -280,14 +365,63 @@ class CsvDatasource(_SlicefeedFileDatasource):
         import pyarrow.csv as pacsv
 
         delimiter = FORMATS["csv"].options_for(path, {"delimiter": self._delimiter})["delimiter"]
+        data = f.readall()
         try:
-            table = pacsv.read_csv(f, parse_options=pacsv.ParseOptions(delimiter=delimiter))
+            table = pacsv.read_csv(io.BytesIO(data), parse_options=pacsv.ParseOptions(delimiter=delimiter))
         except pa.ArrowInvalid as e:
             if self._mark_errors:
-                yield self._bad_rows(path, [None], [f"cannot be parsed as CSV ({e})"])
+                yield from self._mark_bad_records(data, path, delimiter)
                 return
-            raise BadRecordError(f"{self._uri(path)}: cannot be parsed as CSV ({e}). {_FIX_HINT}") from None
+            raise BadRecordError(
+                f"{self._uri(path)}: cannot be parsed as CSV ({printable(str(e), 300)}). {_FIX_HINT}"
+            ) from None
         yield self._finish(table, path, 0)
+
+    def _mark_bad_records(self, data: bytes, path: str, delimiter: str) -> Iterator[pa.Table]:
+        """Good records as rows, bad ones as marked rows with their raw text (error path).
+
+        pyarrow's own ``invalid_row_handler`` skips records with the wrong
+        number of fields and gives their line and text (single-threaded, so
+        lines are known). Rows are numbered by record, assuming one line per
+        record; where quoted line breaks make that impossible, bad records get
+        a null row and their line in the reason.
+        """
+        import pyarrow.csv as pacsv
+
+        skipped: list[tuple[int | None, str]] = []
+
+        def on_invalid(row: Any) -> str:
+            skipped.append((row.number, row.text))
+            return "skip"
+
+        try:
+            table = pacsv.read_csv(
+                io.BytesIO(data),
+                parse_options=pacsv.ParseOptions(delimiter=delimiter,
+                                                 invalid_row_handler=on_invalid),
+                read_options=pacsv.ReadOptions(use_threads=False),
+            )
+        except pa.ArrowInvalid as e:  # no header, or broken quoting
+            why = f"cannot be parsed as CSV ({printable(str(e), 300)}); its row count is unknown"
+            yield self._bad_rows(path, [None], [why])
+            return
+        n_total = table.num_rows + len(skipped)
+        # Line numbers are 1-based and the header is line 1.
+        idx = [None if num is None else num - 2 for num, _ in skipped]
+        consistent = all(i is not None and 0 <= i < n_total for i in idx) and len(set(idx)) == len(idx)
+        if consistent:
+            rows = np.setdiff1d(np.arange(n_total, dtype=np.int64), np.asarray(idx, dtype=np.int64))
+        else:
+            rows = np.arange(table.num_rows, dtype=np.int64)
+        yield self._finish(table, path, 0, rows=rows)
+        if skipped:
+            yield self._bad_rows(
+                path,
+                [i if consistent else None for i in idx],
+                [f"line {num if num is not None else '?'} does not have the header's number of fields"
+                 for num, _ in skipped],
+                [t.encode() for _, t in skipped],
+            )
 
 
 class TextDatasource(_SlicefeedFileDatasource):
@@ -314,8 +448,7 @@ class TextDatasource(_SlicefeedFileDatasource):
                 f"{self._uri(path)}: line {line + 1} (row {line}) is not valid UTF-8 "
                 f"(byte offset {e.start}). {_FIX_HINT}"
             ) from None
-        if text.endswith("\n"):
-            text = text[:-1]
+        text = text.removesuffix("\n")
         lines = pc.split_pattern(pa.array([text]), "\n").flatten() if text else pa.array([], pa.string())
         lines = pc.utf8_rtrim(lines, characters="\r")
         # Provenance first, so _sf_row stays the line index when empty lines are dropped.
@@ -585,10 +718,11 @@ def peek_schema(
         missing = [c for c in columns if c not in schema.names]
         if missing:
             raise MissingColumnError(
-                f"{shown}: column(s) {missing} not found; available: {', '.join(schema.names)}. "
-                "Fix `columns` in the source options."
+                f"{shown}: column(s) {missing} not found; available: "
+                f"{printable(', '.join(schema.names), 500)}. Fix `columns` in the source options."
             )
         schema = pa.schema([schema.field(c) for c in columns])
+    _check_reserved(schema.names, shown)
     if provenance:
         schema = schema.append(pa.field(PROVENANCE_FILE, pa.string())).append(
             pa.field(PROVENANCE_ROW, pa.int64())
@@ -637,8 +771,23 @@ def _peek_one(
             if mark_errors:
                 good = [ln for ln in head.split(b"\n") if _is_json_object(ln)]
                 if good:
-                    return fmt.parse(b"\n".join(good), opts).schema
+                    # Lines that disagree on a type are bad records at run time.
+                    table, _, _ = _read_json_lines(
+                        good, list(range(len(good))), [json.loads(ln) for ln in good],
+                        list(range(1, len(good) + 1)))
+                    if table is not None:
+                        return table.schema
             raise _locate_bad_json_line(head, shown, e) from None
+        if fmt.name == "csv" and mark_errors:
+            import pyarrow.csv as pacsv
+
+            # A record with the wrong field count is a bad record at run
+            # time, not a reason to refuse the schema.
+            try:
+                return pacsv.read_csv(io.BytesIO(head), parse_options=pacsv.ParseOptions(
+                    delimiter=opts["delimiter"], invalid_row_handler=lambda row: "skip")).schema
+            except pa.ArrowInvalid:
+                pass
         raise BadRecordError(
-            f"{shown}: cannot be parsed as {fmt.name.upper()} ({e}). {_FIX_HINT}"
+            f"{shown}: cannot be parsed as {fmt.name.upper()} ({printable(str(e), 300)}). {_FIX_HINT}"
         ) from None

@@ -1,4 +1,8 @@
-"""Pipeline specs: YAML in, a validated plain dict out, before any Ray work.
+"""Pipeline specs: YAML in, validated (JSON Schema) and typed, before any Ray work.
+
+:func:`load_spec` / :func:`validate_spec` return the validated plain dict;
+:func:`parse_spec` returns it as a frozen :class:`PipelineSpec` (with
+:class:`SourceSpec` / :class:`SinkSpec`), which is what a ``Pipeline`` reads.
 
 A spec::
 
@@ -18,30 +22,43 @@ A spec::
       options: {compression: zstd}
     on_error: fail                  # fail | skip | quarantine
     max_error_fraction: 0.0
+    task_retries: 2                 # reruns of a task whose worker died, then fail
     placement:
       preprocess_on: any            # any | cpu_only (keep Ray Data off TPU hosts)
 
 The structure is checked with JSON Schema (the ``jsonschema`` library);
 errors are rewritten to name the key path, what was found and the allowed
 values. Transform names and arguments are checked by
-:func:`slicefeed.transforms.transform_from_spec`. YAML is only ever loaded
-with ``yaml.safe_load``.
+:func:`slicefeed.transforms.transform_from_spec`.
+
+Hostile specs are refused before validation: YAML is loaded with a safe
+loader that counts alias expansion (:data:`MAX_ALIAS_NODES`; a 600-byte
+"billion laughs" spec would otherwise expand to gigabytes in messages and
+fingerprints), every number must be finite (``.nan`` would switch
+``max_error_fraction`` off), and a ``credentials`` value must be a path to
+a key file, never the key itself (its value is never printed). Messages
+quote user values with :func:`short_repr` (truncated, control characters
+escaped). Values that would only fail inside Ray workers (option types,
+seeds, codecs, duplicate source names) are checked here too.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime as _dt
 import hashlib
 import json
+import math
 import os
 import re
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jsonschema
 import yaml
 
-from slicefeed.connectors import ON_ERROR_POLICIES, SpecError
+from slicefeed.connectors import ON_ERROR_POLICIES, SpecError, short_repr
 from slicefeed.connectors._formats import FORMATS
 
 #: The file formats of the registry, plus ``dataset`` (a committed slicefeed dataset).
@@ -55,6 +72,32 @@ SOURCE_OPTIONS = {
 }
 SINK_OPTIONS = ("compression", "min_rows_per_file", "row_group_size")
 STORAGE_OPTIONS = ("credentials", "anonymous", "project")
+#: Parquet codecs pyarrow writes (``sink.options.compression``, any case).
+COMPRESSIONS = ("none", "snappy", "gzip", "brotli", "lz4", "zstd")
+#: Seeds are stored in manifests and hashed per row as 64-bit integers.
+MAX_SEED = 2**63 - 1
+#: Nodes that YAML aliases may add to a spec in all (a plain spec uses a few).
+MAX_ALIAS_NODES = 10_000
+#: Default and largest ``task_retries``: how often Ray may rerun a task whose
+#: worker died (Ray Data's own default is unbounded, so a record that kills
+#: its worker every time would make a run loop forever).
+DEFAULT_TASK_RETRIES = 2
+MAX_TASK_RETRIES = 100
+
+_INT = {"type": "integer"}
+_SEED = {"type": "integer", "minimum": 0, "maximum": MAX_SEED}
+# Types of reader and writer options: checked here, not in a Ray worker.
+_OPTION_TYPES = {
+    "columns": {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
+    "shuffle_seed": _SEED,
+    "delimiter": {"type": "string", "minLength": 1, "maxLength": 1},
+    "drop_empty_lines": {"type": "boolean"},
+}
+_SINK_OPTION_TYPES = {
+    "compression": {"enum": list(COMPRESSIONS)},
+    "min_rows_per_file": {"type": "integer", "minimum": 1},
+    "row_group_size": {"type": "integer", "minimum": 1},
+}
 
 _STORAGE = {
     "credentials": {"type": "string"},
@@ -69,7 +112,7 @@ _SOURCE = {
     "properties": {
         "format": {"enum": list(SOURCE_FORMATS)},
         "uri": {"type": "string", "minLength": 1},
-        "options": {"type": "object"},
+        "options": {"type": "object", "properties": _OPTION_TYPES},
         "weight": {"type": "number", "exclusiveMinimum": 0},
         "name": {"type": "string", "minLength": 1},
         "storage": {"type": "object", "additionalProperties": False, "properties": _STORAGE},
@@ -83,7 +126,7 @@ SCHEMA: dict[str, Any] = {
     "properties": {
         "name": {"type": "string", "minLength": 1},
         "description": {"type": "string"},
-        "seed": {"type": "integer"},
+        "seed": _SEED,
         "source": _SOURCE,
         "sources": {"type": "array", "minItems": 1, "items": _SOURCE},
         "transforms": {
@@ -97,12 +140,13 @@ SCHEMA: dict[str, Any] = {
             "properties": {
                 "format": {"enum": list(SINK_FORMATS)},
                 "uri": {"type": "string", "minLength": 1},
-                "options": {"type": "object"},
+                "options": {"type": "object", "properties": _SINK_OPTION_TYPES},
                 "storage": {"type": "object", "additionalProperties": False, "properties": _STORAGE},
             },
         },
         "on_error": {"enum": list(ON_ERROR_POLICIES)},
         "max_error_fraction": {"type": "number", "minimum": 0, "maximum": 1},
+        "task_retries": {"type": "integer", "minimum": 0, "maximum": MAX_TASK_RETRIES},
         "placement": {
             "type": "object",
             "additionalProperties": False,
@@ -110,6 +154,85 @@ SCHEMA: dict[str, Any] = {
         },
     },
 }
+
+
+def _cap(text: str, limit: int = 2000) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"
+
+
+class _BudgetLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that counts the nodes aliases add, and refuses recursion.
+
+    PyYAML shares an aliased node rather than copying it, so the expansion
+    only happens later (JSON Schema, ``json.dumps`` for the fingerprint,
+    messages); the count is what that expansion would cost.
+    """
+
+    def __init__(self, stream: str, *, source: str):
+        super().__init__(stream)
+        self._source = source
+        self._alias_nodes = 0
+        self._sizes: dict[int, int] = {}
+        self._open: set[str] = set()
+
+    def _refuse(self, what: str, event: Any) -> SpecError:
+        mark = getattr(event, "start_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        return SpecError(f"{self._source}: {what}{where}; refusing the spec. Write the values "
+                         "out, or use fewer aliases.")
+
+    def _size(self, node: yaml.Node) -> int:
+        key = id(node)
+        if key not in self._sizes:
+            children: list[yaml.Node] = []
+            if isinstance(node, yaml.SequenceNode):
+                children = list(node.value)
+            elif isinstance(node, yaml.MappingNode):
+                children = [n for pair in node.value for n in pair]
+            total = 1
+            for c in children:
+                total += self._size(c)
+                if total > MAX_ALIAS_NODES:
+                    break
+            self._sizes[key] = total
+        return self._sizes[key]
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        anchor = getattr(event, "anchor", None)
+        if self.check_event(yaml.AliasEvent):
+            if anchor in self._open:
+                raise self._refuse(f"recursive YAML alias *{short_repr(anchor, 40)}", event)
+            target = self.anchors.get(anchor)
+            if target is not None:
+                self._alias_nodes += self._size(target)
+                if self._alias_nodes > MAX_ALIAS_NODES:
+                    raise self._refuse(f"YAML aliases expand to more than {MAX_ALIAS_NODES} nodes", event)
+            return super().compose_node(parent, index)
+        if anchor is not None:
+            self._open.add(anchor)
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            if anchor is not None:
+                self._open.discard(anchor)
+
+
+def safe_load_yaml(text: str, *, source: str = "pipeline spec") -> Any:
+    """``yaml.safe_load`` with an alias-expansion budget (:data:`MAX_ALIAS_NODES`).
+
+    Raises:
+        SpecError: the aliases would expand beyond the budget, or refer to
+            the node they are in, or the document nests too deeply.
+        yaml.YAMLError: the text is not valid YAML.
+    """
+    loader = _BudgetLoader(text, source=source)
+    try:
+        return loader.get_single_data()
+    except RecursionError:
+        raise SpecError(f"{source}: the YAML nests too deeply; refusing the spec.") from None
+    finally:
+        loader.dispose()
 
 
 def _where(path: Sequence[Any]) -> str:
@@ -128,25 +251,78 @@ _JSON_TYPES = {"integer": "an integer", "number": "a number", "string": "a strin
 def _message(err: jsonschema.ValidationError, source: str) -> str:
     where = _where(err.absolute_path)
     v = err.validator
+    if "credentials" in err.absolute_path:
+        return _credentials_message(source, where)
+    shown = short_repr(err.instance)
     if v == "additionalProperties":
         allowed = sorted(err.schema.get("properties", {}))
         extra = sorted(set(err.instance) - set(allowed))
-        return (f"{source}: unknown key {extra[0]!r} in {where}; allowed keys: "
+        return (f"{source}: unknown key {short_repr(extra[0])} in {where}; allowed keys: "
                 f"{', '.join(allowed)}.")
     if v == "required":
         missing = err.message.split("'")[1] if "'" in err.message else err.message
         hint = " (a `source:` with format and uri is required)" if missing == "source" else ""
         return f"{source}: missing required key {missing!r} in {where}{hint}."
     if v == "enum":
-        return (f"{source}: {where} is {err.instance!r}; allowed values: "
+        return (f"{source}: {where} is {shown}; allowed values: "
                 f"{', '.join(map(str, err.validator_value))}.")
     if v == "type":
         return (f"{source}: {where} must be {_JSON_TYPES.get(err.validator_value, err.validator_value)}, "
-                f"got {_type_name(err.instance)} {err.instance!r}.")
+                f"got {_type_name(err.instance)} {shown}.")
     if v in ("anyOf", "minProperties", "maxProperties") and where.startswith("transforms"):
         return (f"{source}: {where} must be a mapping with exactly one key, the transform "
-                f"name, e.g. {{select: {{columns: [a]}}}}; got {err.instance!r}.")
-    return f"{source}: {where}: {err.message}."
+                f"name, e.g. {{select: {{columns: [a]}}}}; got {shown}.")
+    bounds = {"minimum": ">=", "maximum": "<=", "exclusiveMinimum": ">", "exclusiveMaximum": "<"}
+    if v in bounds:
+        return f"{source}: {where} must be {bounds[v]} {err.validator_value}, got {shown}."
+    if v in ("minLength", "maxLength", "minItems", "maxItems"):
+        what = "characters" if "Length" in v else "items"
+        side = "at least" if v.startswith("min") else "at most"
+        return f"{source}: {where} must have {side} {err.validator_value} {what}, got {shown}."
+    # jsonschema's own text quotes the whole value: never shown.
+    return f"{source}: {where} is invalid ({v}: {short_repr(err.validator_value)}), got {shown}."
+
+
+def _credentials_message(source: str, where: str) -> str:
+    # The value may be the key itself: it is never printed.
+    return (f"{source}: {where} must be a path to a key file (the value given is not shown). "
+            "Save the service-account key as a file and give its path, or leave credentials "
+            "unset to use application-default credentials.")
+
+
+def _storages(spec: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    out = []
+    if isinstance(spec.get("source"), Mapping):
+        out.append(("source.storage", spec["source"].get("storage")))
+    if isinstance(spec.get("sources"), list):
+        out += [(f"sources.{i}.storage", s.get("storage")) for i, s in enumerate(spec["sources"])
+                if isinstance(s, Mapping)]
+    if isinstance(spec.get("sink"), Mapping):
+        out.append(("sink.storage", spec["sink"].get("storage")))
+    return [(w, s) for w, s in out if isinstance(s, Mapping)]
+
+
+def _is_key_path(value: Any) -> bool:
+    return (isinstance(value, (str, os.PathLike)) and 0 < len(os.fspath(value)) <= 4096
+            and os.fspath(value).isprintable() and not os.fspath(value).lstrip().startswith("{"))
+
+
+def _check_hostile(spec: Mapping[str, Any], source: str) -> None:
+    """Refuses inline credentials and non-finite numbers, before anything quotes them."""
+    for where, storage in _storages(spec):
+        cred = storage.get("credentials")
+        if cred is not None and not _is_key_path(cred):
+            raise SpecError(_credentials_message(source, f"{where}.credentials"))
+    stack: list[tuple[tuple[Any, ...], Any]] = [((), spec)]
+    while stack:
+        path, node = stack.pop()
+        if isinstance(node, float) and not math.isfinite(node):
+            raise SpecError(f"{source}: {_where(path)} is not a finite number ({node}); "
+                            "use a finite value.")
+        if isinstance(node, Mapping):
+            stack += [((*path, k), v) for k, v in reversed(list(node.items()))]
+        elif isinstance(node, (list, tuple)):
+            stack += [((*path, i), v) for i, v in reversed(list(enumerate(node)))]
 
 
 def validate_spec(spec: Any, *, source: str = "pipeline spec") -> dict[str, Any]:
@@ -161,7 +337,11 @@ def validate_spec(spec: Any, *, source: str = "pipeline spec") -> dict[str, Any]
     if not isinstance(spec, Mapping):
         raise SpecError(f"{source}: a pipeline spec must be a mapping with keys name, source, "
                         f"transforms, sink; got {_type_name(spec)}.")
+    _check_hostile(spec, source)
     spec = copy.deepcopy(dict(spec))
+    opts = (spec.get("sink") or {}).get("options") if isinstance(spec.get("sink"), Mapping) else None
+    if isinstance(opts, Mapping) and isinstance(opts.get("compression"), str):
+        spec["sink"] = dict(spec["sink"], options=dict(opts, compression=opts["compression"].lower()))
     validator = jsonschema.Draft202012Validator(SCHEMA)
     errors = sorted(validator.iter_errors(spec), key=lambda e: (len(e.absolute_path), str(e.absolute_path)))
     if errors:
@@ -176,24 +356,173 @@ def validate_spec(spec: Any, *, source: str = "pipeline spec") -> dict[str, Any]
         allowed = SOURCE_OPTIONS[src["format"]]
         for key in src.get("options", {}) or {}:
             if key not in allowed:
-                raise SpecError(f"{source}: unknown option {key!r} in {where}.options for format "
+                raise SpecError(f"{source}: unknown option {short_repr(key)} in {where}.options for format "
                                 f"{src['format']!r}; allowed options: {', '.join(allowed)}.")
     for key in (spec.get("sink", {}).get("options") or {}):
         if key not in SINK_OPTIONS:
-            raise SpecError(f"{source}: unknown option {key!r} in sink.options; allowed options: "
+            raise SpecError(f"{source}: unknown option {short_repr(key)} in sink.options; allowed options: "
                             f"{', '.join(SINK_OPTIONS)}.")
+    if "sources" in spec:
+        seen: dict[str, int] = {}
+        for i, src in enumerate(spec["sources"]):
+            # The mixture names an unnamed source by its position.
+            name = str(src.get("name", i))
+            if name in seen:
+                raise SpecError(f"{source}: sources.{i}.name {short_repr(name)} is used by "
+                                f"sources.{seen[name]}; give each source a distinct name.")
+            seen[name] = i
+    for where, storage in _storages(spec):
+        if storage.get("credentials") is not None and storage.get("anonymous"):
+            raise SpecError(f"{source}: {where}: give either credentials (a key file) or "
+                            "anonymous: true, not both.")
     spec.setdefault("seed", 0)
     spec.setdefault("transforms", [])
     spec.setdefault("on_error", "fail")
     spec.setdefault("max_error_fraction", 0.0)
+    spec.setdefault("task_retries", DEFAULT_TASK_RETRIES)
     from slicefeed.transforms import transform_from_spec
 
     for i, item in enumerate(spec["transforms"]):
         try:
             transform_from_spec(item)
         except SpecError as e:
-            raise SpecError(f"{source}: transforms.{i}: {e}") from None
+            raise SpecError(f"{source}: transforms.{i}: {_cap(str(e))}") from None
     return spec
+
+
+# -- typed specs ----------------------------------------------------------------
+
+
+def _copy(d: Mapping[str, Any] | None) -> dict[str, Any]:
+    # A private deep copy: the typed spec never aliases the caller's dict.
+    return copy.deepcopy(dict(d or {}))
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceSpec:
+    """One source: a registry file format (or ``dataset``) at ``uri``.
+
+    Attributes:
+        format: ``parquet``, ``jsonl``, ``csv``, ``text`` or ``dataset``.
+        uri: Where the data is (local path, ``gs://``, a glob).
+        options: Reader options (validated against the format's allowed keys).
+        storage: ``credentials`` / ``anonymous`` / ``project`` for the filesystem.
+        name: The source's name in a mixture (default: its index).
+        weight: Its mixture weight (default 1).
+    """
+
+    format: str
+    uri: str
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    storage: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    name: str | None = None
+    weight: float = 1.0
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SourceSpec:
+        return cls(
+            format=d["format"], uri=d["uri"], options=_copy(d.get("options")),
+            storage=_copy({k: v for k, v in (d.get("storage") or {}).items() if k in STORAGE_OPTIONS}),
+            name=d.get("name"), weight=float(d.get("weight", 1.0)),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class SinkSpec:
+    """Where ``run`` commits its output: a Parquet dataset at ``uri``."""
+
+    format: str
+    uri: str
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    storage: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SinkSpec:
+        return cls(
+            format=d["format"], uri=d["uri"], options=_copy(d.get("options")),
+            storage=_copy({k: v for k, v in (d.get("storage") or {}).items() if k in STORAGE_OPTIONS}),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineSpec:
+    """A validated pipeline spec, typed; built once by :func:`parse_spec`.
+
+    Attributes:
+        name: Pipeline name.
+        seed: Seed of every random transform and of mixtures.
+        sources: One source, or the sources of a weighted mixture.
+        is_mixture: Whether the spec gave ``sources:`` (a mixture).
+        transforms: The transform items as written (``{name: {arg: value}}``).
+        sink: Where ``run`` commits; None for a spec used only for ``dataset()``.
+        on_error: One of :data:`ON_ERROR_POLICIES`.
+        max_error_fraction: Bad rows allowed, as a fraction of rows read.
+        preprocess_on: Placement of Ray Data's work (``cpu_only``/``any``) or None.
+        task_retries: Reruns of a task whose worker died.
+        fingerprint: SHA-256 of what determines the output (see :func:`fingerprint`).
+    """
+
+    name: str
+    seed: int
+    sources: tuple[SourceSpec, ...]
+    is_mixture: bool
+    transforms: tuple[Any, ...]
+    sink: SinkSpec | None
+    on_error: str
+    max_error_fraction: float
+    preprocess_on: str | None
+    fingerprint: str
+    #: Reruns of a task whose worker died (Ray's ``max_retries``).
+    task_retries: int = 2
+    description: str = ""
+    #: The validated dict it was built from (what :func:`validate_spec` returns).
+    raw: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+
+    # Read access by key, for code written against the validated dict
+    # (``spec["sink"]["uri"]``); slicefeed itself reads the attributes.
+    def __getitem__(self, key: str) -> Any:
+        return self.raw[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.raw
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.raw.get(key, default)
+
+    @classmethod
+    def from_dict(cls, spec: Mapping[str, Any]) -> PipelineSpec:
+        """From a dict that :func:`validate_spec` returned."""
+        mixture = "sources" in spec
+        raw_sources = spec["sources"] if mixture else [spec["source"]]
+        return cls(
+            name=spec["name"],
+            seed=int(spec["seed"]),
+            sources=tuple(SourceSpec.from_dict(s) for s in raw_sources),
+            is_mixture=mixture,
+            transforms=tuple(copy.deepcopy(spec["transforms"])),
+            sink=SinkSpec.from_dict(spec["sink"]) if "sink" in spec else None,
+            on_error=spec["on_error"],
+            max_error_fraction=float(spec["max_error_fraction"]),
+            preprocess_on=(spec.get("placement") or {}).get("preprocess_on"),
+            fingerprint=fingerprint(spec),
+            task_retries=int(spec.get("task_retries", 2)),
+            description=spec.get("description", ""),
+            raw=copy.deepcopy(dict(spec)),
+        )
+
+    @property
+    def source_names(self) -> list[str]:
+        """Each source's name in a mixture (its index when unnamed)."""
+        return [s.name if s.name is not None else str(i) for i, s in enumerate(self.sources)]
+
+
+def parse_spec(spec: Any, *, source: str = "pipeline spec") -> PipelineSpec:
+    """Validates a spec dict (as :func:`validate_spec`) and returns it typed.
+
+    Raises:
+        SpecError: naming the offending key and the allowed values.
+    """
+    return PipelineSpec.from_dict(validate_spec(spec, source=source))
 
 
 def apply_overrides(spec: dict[str, Any], overrides: Sequence[str] | Mapping[str, Any] | None) -> dict[str, Any]:
@@ -226,10 +555,10 @@ def apply_overrides(spec: dict[str, Any], overrides: Sequence[str] | Mapping[str
 
 def _split_override(text: str) -> tuple[str, Any]:
     if "=" not in text or text.startswith("="):
-        raise SpecError(f"--set {text!r}: expected key.path=value, e.g. --set sink.uri=/tmp/out")
+        raise SpecError(f"--set {short_repr(text)}: expected key.path=value, e.g. --set sink.uri=/tmp/out")
     key, raw = text.split("=", 1)
     try:
-        value = yaml.safe_load(raw) if raw else ""
+        value = safe_load_yaml(raw, source=f"--set {key.strip()}") if raw else ""
     except yaml.YAMLError:
         value = raw
     return key.strip(), value
@@ -266,7 +595,7 @@ def load_spec(path: str | os.PathLike[str], overrides: Sequence[str] | Mapping[s
     except FileNotFoundError:
         raise SpecError(f"pipeline spec {path!r} does not exist.") from None
     try:
-        spec = yaml.safe_load(text)
+        spec = safe_load_yaml(text, source=path)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -353,16 +682,16 @@ def parse_run_date(when: _dt.datetime | _dt.date | str | None) -> _dt.datetime:
         SpecError: ``when`` is not a ``YYYY-MM-DD`` date.
     """
     if when is None:
-        return _dt.datetime.now(_dt.timezone.utc)
+        return _dt.datetime.now(_dt.UTC)
     if isinstance(when, _dt.datetime):
-        return when.astimezone(_dt.timezone.utc) if when.tzinfo else when.replace(
-            tzinfo=_dt.timezone.utc)
+        return when.astimezone(_dt.UTC) if when.tzinfo else when.replace(
+            tzinfo=_dt.UTC)
     if isinstance(when, _dt.date):
-        return _dt.datetime(when.year, when.month, when.day, tzinfo=_dt.timezone.utc)
+        return _dt.datetime(when.year, when.month, when.day, tzinfo=_dt.UTC)
     try:
         d = _dt.date.fromisoformat(str(when))
         if len(str(when)) != 10:
             raise ValueError
     except ValueError:
         raise SpecError(f"--date {str(when)[:40]!r}: expected YYYY-MM-DD, e.g. 2026-11-30.") from None
-    return _dt.datetime(d.year, d.month, d.day, tzinfo=_dt.timezone.utc)
+    return _dt.datetime(d.year, d.month, d.day, tzinfo=_dt.UTC)

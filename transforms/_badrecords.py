@@ -24,6 +24,7 @@ from slicefeed.connectors import (
     PROVENANCE_ROW,
     BadRecordError,
     SpecError,
+    printable,
 )
 
 if typing.TYPE_CHECKING:  # pragma: no cover
@@ -49,7 +50,7 @@ def mark_errors(table: pa.Table, bad: np.ndarray | pa.Array, reasons: Any) -> pa
     if not bad.any():
         return table
     if isinstance(reasons, str):
-        new = pa.array(np.where(bad, reasons, None), pa.string())
+        new = pc.if_else(pa.array(bad), pa.scalar(reasons, pa.string()), pa.scalar(None, pa.string()))
     else:
         r = np.asarray(reasons, dtype=object)
         new = pa.array(np.where(bad, r, None), pa.string())
@@ -102,11 +103,12 @@ def describe_rows(bad: pa.Table, *, limit: int = 3) -> list[str]:
             where.append(f"file {f!r}")
         if r is not None:
             where.append(f"row {r}")
-        out.append(f"{' '.join(where) or 'a row without provenance'}: {why}")
+        # Reasons may quote data: escaped and cut, so they cannot forge lines.
+        out.append(f"{' '.join(where) or 'a row without provenance'}: {printable(why, 500)}")
     return out
 
 
-def bad_record_error(bad: pa.Table, transform: "Transform | str") -> BadRecordError:
+def bad_record_error(bad: pa.Table, transform: Transform | str) -> BadRecordError:
     """The :class:`BadRecordError` for ``on_error: fail`` (names file and row)."""
     label = transform if isinstance(transform, str) else transform._label()
     lines = describe_rows(bad)
@@ -120,7 +122,7 @@ def bad_record_error(bad: pa.Table, transform: "Transform | str") -> BadRecordEr
 
 def apply_transforms(
     table: pa.Table,
-    transforms: Iterable["Transform"],
+    transforms: Iterable[Transform],
     on_error: str = "fail",
 ) -> pa.Table:
     """Applies ``transforms`` to ``table`` in order, outside Ray.

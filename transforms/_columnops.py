@@ -10,12 +10,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from slicefeed.connectors import ERROR_COLUMN, RESERVED_COLUMNS
+from slicefeed.connectors import ERROR_COLUMN, RESERVED_COLUMNS, short_repr
 from slicefeed.transforms._arrays import failing_rows, list_like, with_value_type
 from slicefeed.transforms._badrecords import mark_errors
 from slicefeed.transforms._contract import Transform
 from slicefeed.transforms._dtypes import BFLOAT16, bfloat16_field, parse_type, to_bfloat16_bits
-from slicefeed.transforms._expr import compile_expression
+from slicefeed.transforms._expr import compile_expression, evaluate_with_errors
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,7 +167,7 @@ class Cast(Transform):
             try:
                 out = pc.cast(arr, target)
             except (pa.ArrowInvalid, OverflowError):
-                bad = failing_rows(arr, lambda a: pc.cast(a, target))
+                bad = failing_rows(arr, lambda a, target=target: pc.cast(a, target))
                 new_bad = bad & ~bad_all
                 reasons[new_bad] = f"Cast: value in column {col!r} cannot be cast to {type_name}"
                 bad_all |= bad
@@ -220,11 +220,12 @@ class Filter(Transform):
             self._require(schema, c, arg="expr")
         try:
             schema.empty_table().filter(expression)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, TypeError) as e:
-            msg = str(e).splitlines()[0]
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, TypeError,
+                OverflowError) as e:
+            msg = short_repr(str(e).splitlines()[0] if str(e) else type(e).__name__)
             types = ", ".join(f"{c}: {schema.field(c).type}" for c in cols)
             raise self._spec_error(
-                f"expression {self.expr!r} does not type-check against the columns ({types}): "
+                f"expression {short_repr(self.expr)} does not type-check against the columns ({types}): "
                 f"{msg}. It must be a boolean condition comparing compatible types."
             ) from None
         return schema
@@ -236,21 +237,18 @@ class Filter(Transform):
         try:
             return table.filter(expression)
         except (pa.ArrowInvalid, OverflowError):
-            # A value the expression cannot handle (division by zero, overflow):
-            # find those rows (error path only) and keep them, marked bad.
-            bad = failing_rows(table, lambda t: t.filter(expression))
+            # A value the expression cannot handle (division by zero,
+            # overflow): keep those rows, marked bad. Vectorised per
+            # expression node, so the cost does not grow with the bad rows.
+            mask, bad = evaluate_with_errors(self.expr, table, label=self._label())
+            keep = pc.fill_null(mask, False)
+            if ERROR_COLUMN in table.column_names:
+                keep = pc.or_(keep, pc.is_valid(table.column(ERROR_COLUMN)))
+            keep = pc.or_(keep, pa.array(bad))
             marked = mark_errors(
-                table, bad, f"Filter: expression {self.expr!r} failed on this row"
+                table, bad, f"Filter: expression {short_repr(self.expr)} failed on this row"
             )
-            keep = pa.array(bad)
-            good_rows = table.filter(pc.invert(keep)).filter(expression)
-            return pa.concat_tables(
-                [
-                    mark_errors(good_rows, np.zeros(good_rows.num_rows, bool), ""),
-                    marked.filter(keep),
-                ],
-                promote_options="default",
-            )
+            return marked.filter(keep)
 
 
 @dataclasses.dataclass(frozen=True)

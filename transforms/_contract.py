@@ -32,7 +32,13 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 
-from slicefeed.connectors import RESERVED_COLUMNS, MissingColumnError, SpecError
+from slicefeed.connectors import (
+    RESERVED_COLUMNS,
+    MissingColumnError,
+    SpecError,
+    printable,
+    short_repr,
+)
 from slicefeed.transforms._registry import default_of, plain, register
 
 if typing.TYPE_CHECKING:  # pragma: no cover
@@ -83,7 +89,7 @@ class Transform:
         """
         return schema
 
-    def fit(self, ds: "ray.data.Dataset") -> "Transform":
+    def fit(self, ds: ray.data.Dataset) -> Transform:
         """Returns a fitted copy, with statistics computed over all of ``ds``.
 
         The default (``needs_fit = False``) returns ``self``.
@@ -99,7 +105,7 @@ class Transform:
         """JSON-serialisable fitted statistics (recorded in report and manifest)."""
         return {}
 
-    def output_stats(self, ds: "ray.data.Dataset") -> dict[str, Any]:
+    def output_stats(self, ds: ray.data.Dataset) -> dict[str, Any]:
         """JSON-serialisable statistics of this transform's output dataset.
 
         For transforms whose quality is measured on their output (packing
@@ -108,7 +114,7 @@ class Transform:
         """
         return {}
 
-    def with_seed(self, seed: int) -> "Transform":
+    def with_seed(self, seed: int) -> Transform:
         """Returns a copy that draws its randomness from ``seed``.
 
         Deterministic transforms return ``self``. Random transforms keep a seed
@@ -116,7 +122,7 @@ class Transform:
         """
         return self
 
-    def dataset_op(self, ds: "ray.data.Dataset") -> "ray.data.Dataset":
+    def dataset_op(self, ds: ray.data.Dataset) -> ray.data.Dataset:
         """Dataset-level form of the transform (``is_dataset_op`` transforms only).
 
         The pipeline calls ``ds = t.dataset_op(ds)`` instead of
@@ -150,7 +156,8 @@ class Transform:
         if column not in schema.names:
             avail = ", ".join(n for n in schema.names if n not in RESERVED_COLUMNS)
             raise MissingColumnError(
-                f"{self._label()}: column {column!r} not found; available: {avail or '(none)'}"
+                f"{self._label()}: column {short_repr(column)} not found; available: "
+                f"{printable(avail, 500) or '(none)'}"
                 f". Fix the {arg!r} argument."
             )
         t = schema.field(column).type
@@ -170,9 +177,9 @@ class Transform:
     def _column_list(self, value: Any, arg: str) -> tuple[str, ...]:
         """``value`` as a tuple of distinct column names (the ``arg`` argument)."""
         if isinstance(value, str) or not isinstance(value, Sequence) or not value:
-            raise self._spec_error(f"{arg} must be a non-empty list of column names; got {value!r}")
+            raise self._spec_error(f"{arg} must be a non-empty list of column names; got {short_repr(value)}")
         if not all(isinstance(v, str) for v in value):
-            raise self._spec_error(f"{arg} must contain column names (strings); got {value!r}")
+            raise self._spec_error(f"{arg} must contain column names (strings); got {short_repr(value)}")
         dup = sorted({v for v in value if list(value).count(v) > 1})
         if dup:
             raise self._spec_error(f"{arg} names column {dup[0]!r} twice")
@@ -182,10 +189,10 @@ class Transform:
         """``value`` as a non-empty ``{column: ...}`` dict (the ``arg`` argument)."""
         if not isinstance(value, Mapping) or not value:
             raise self._spec_error(
-                f"{arg} must be a non-empty mapping of column names, e.g. {{old: new}}; got {value!r}"
+                f"{arg} must be a non-empty mapping of column names, e.g. {{old: new}}; got {short_repr(value)}"
             )
         if not all(isinstance(k, str) for k in value):
-            raise self._spec_error(f"{arg} keys must be column names (strings); got {value!r}")
+            raise self._spec_error(f"{arg} keys must be column names (strings); got {short_repr(value)}")
         return dict(value)
 
 

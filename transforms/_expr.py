@@ -10,6 +10,13 @@ node types is translated; nothing is ever evaluated by Python. Grammar::
     atom   := column | col("any name") | literal | is_null(column) | is_valid(column)
             | (expr)
     literal:= int | float | "string" | True | False
+
+Size is bounded before anything is built (a 10,000-term ``or`` chain
+overflows Arrow's expression simplifier; 3,000 nested ``not`` overflow
+Python's stack): at most :data:`MAX_EXPR_CHARS` characters,
+:data:`MAX_EXPR_TERMS` columns and literals (values of ``in [...]`` lists
+count separately, up to :data:`MAX_IN_VALUES`), nesting depth
+:data:`MAX_EXPR_DEPTH`, and integer literals that fit in 64 bits.
 """
 
 from __future__ import annotations
@@ -19,7 +26,17 @@ from typing import Any
 
 import pyarrow.compute as pc
 
-from slicefeed.connectors import SpecError
+from slicefeed.connectors import SpecError, short_repr
+
+#: Longest expression text (checked before parsing).
+MAX_EXPR_CHARS = 100_000
+#: Most columns and literals in one expression (``in`` list values aside).
+MAX_EXPR_TERMS = 1_000
+#: Most values in all ``in [...]`` lists of one expression.
+MAX_IN_VALUES = 10_000
+#: Deepest nesting of operators, calls and parentheses.
+MAX_EXPR_DEPTH = 64
+_INT_RANGE = (-(2**63), 2**63 - 1)
 
 ALLOWED = (
     "column names, col('name with spaces'), literals (numbers, strings, True, False), "
@@ -54,8 +71,8 @@ class _Compiler:
     def fail(self, node: ast.AST | None, what: str) -> SpecError:
         where = f" at offset {node.col_offset}" if node is not None and hasattr(node, "col_offset") else ""
         return SpecError(
-            f"{self.label}: unsupported construct {what}{where} in expression {self.text!r}; "
-            f"allowed: {ALLOWED}"
+            f"{self.label}: unsupported construct {what}{where} in expression "
+            f"{short_repr(self.text)}; allowed: {ALLOWED}"
         )
 
     def column(self, name: str) -> pc.Expression:
@@ -146,6 +163,42 @@ class _Compiler:
         raise self.fail(node, f"{type(node).__name__} {ast.unparse(node)!r}")
 
 
+def _check_size(tree: ast.AST, text: str, label: str) -> None:
+    """Counts terms, ``in`` values and depth without recursion; SpecError past a limit."""
+    terms = in_values = 0
+    stack: list[tuple[ast.AST, int]] = [(tree, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_EXPR_DEPTH:
+            raise SpecError(
+                f"{label}: expression nests deeper than {MAX_EXPR_DEPTH} levels; split it into "
+                "several filter steps or use 'in [...]' instead of long chains"
+            )
+        if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+            in_values += len(node.elts)
+            if in_values > MAX_IN_VALUES:
+                raise SpecError(
+                    f"{label}: 'in' lists of the expression hold more than {MAX_IN_VALUES} "
+                    f"values; the limit is {MAX_IN_VALUES}. Filter on a join key or split the list"
+                )
+        elif isinstance(node, (ast.Name, ast.Constant)):
+            terms += 1
+        if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+            lo, hi = _INT_RANGE
+            if not lo <= node.value <= hi + 1:  # -2**63 is written as -(2**63)
+                raise SpecError(
+                    f"{label}: integer literal {short_repr(node.value, 40)} in the expression does "
+                    f"not fit in 64 bits ({lo}..{hi})"
+                )
+        stack += [(c, depth + 1) for c in ast.iter_child_nodes(node)
+                  if not isinstance(c, (ast.expr_context, ast.cmpop, ast.boolop, ast.operator, ast.unaryop))]
+    if terms > MAX_EXPR_TERMS:
+        raise SpecError(
+            f"{label}: expression has {terms} terms (columns and literals); the limit is "
+            f"{MAX_EXPR_TERMS}. Use 'in [...]' for long lists of values, or split the filter"
+        )
+
+
 def _as_expr(v: Any) -> pc.Expression:
     return v if isinstance(v, pc.Expression) else pc.scalar(v)
 
@@ -162,13 +215,226 @@ def compile_expression(text: str, *, label: str = "Filter") -> tuple[pc.Expressi
     """
     if not isinstance(text, str) or not text.strip():
         raise SpecError(f"{label}: expr must be a non-empty string like \"age >= 18\"")
+    if len(text) > MAX_EXPR_CHARS:
+        raise SpecError(
+            f"{label}: expression is {len(text)} characters long; the limit is {MAX_EXPR_CHARS}"
+        )
     try:
         tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as e:
         raise SpecError(
-            f"{label}: cannot parse expression {text!r} ({e.msg} at offset {e.offset}); "
+            f"{label}: cannot parse expression {short_repr(text)} ({e.msg} at offset {e.offset}); "
             f"allowed: {ALLOWED}"
         ) from None
+    except (RecursionError, MemoryError):
+        raise SpecError(
+            f"{label}: expression nests deeper than {MAX_EXPR_DEPTH} levels; split it into "
+            "several filter steps"
+        ) from None
+    _check_size(tree, text, label)
     c = _Compiler(text, label)
-    out = c.expr(tree.body)
-    return _as_expr(out), c.columns
+    try:
+        out = c.expr(tree.body)
+        return _as_expr(out), c.columns
+    except SpecError:
+        raise
+    except (OverflowError, TypeError, ValueError, ArithmeticError) as e:
+        # A literal Arrow cannot hold, or operands Arrow cannot combine.
+        raise SpecError(
+            f"{label}: cannot build expression {short_repr(text)}: {short_repr(str(e).splitlines()[0] if str(e) else type(e).__name__)}"
+        ) from None
+
+
+# -- row-level errors ---------------------------------------------------------------
+
+_CHECKED = {ast.Add: "add_checked", ast.Sub: "subtract_checked", ast.Mult: "multiply_checked"}
+_WRAPPING = {ast.Add: "add", ast.Sub: "subtract", ast.Mult: "multiply"}
+_F64 = {ast.Add: "add", ast.Sub: "subtract", ast.Mult: "multiply"}
+_CMP_FN = {ast.Eq: "equal", ast.NotEq: "not_equal", ast.Lt: "less", ast.LtE: "less_equal",
+           ast.Gt: "greater", ast.GtE: "greater_equal"}
+
+
+class _RowErrors:
+    """Evaluates a checked expression over a table, collecting rows where it fails.
+
+    Arrow evaluates an expression for a whole batch or raises; this walks the
+    same syntax tree with one vectorised kernel call per node and, where a
+    kernel raises (integer division by zero, overflow), computes that node's
+    failing rows with vectorised masks (a zero divisor; a float64 result
+    outside the integer range), nulls them and goes on. Only rows a mask
+    misses (int64 results within float64 rounding of the range limit) fall
+    back to bisecting that one node's inputs. So the cost is a few kernel
+    calls per node, whatever the number of bad rows.
+    """
+
+    def __init__(self, table: Any, compiler: _Compiler):
+        import numpy as np
+
+        self.table = table
+        self.c = compiler
+        self.bad = np.zeros(table.num_rows, dtype=bool)
+
+    def _null_where(self, v: Any, mask: Any) -> Any:
+        import pyarrow as pa
+
+        if not isinstance(v, (pa.Array, pa.ChunkedArray)) or not mask.any():
+            return v
+        return pc.if_else(pa.array(mask), pa.nulls(len(v), v.type), v)
+
+    def _fail_rows(self, fn: Any, *args: Any) -> Any:
+        """Rows where ``fn(*args)`` raises, by bisection over the arrays (rare fallback)."""
+        import numpy as np
+        import pyarrow as pa
+
+        n = self.table.num_rows
+        out = np.zeros(n, dtype=bool)
+        stack = [(0, n)]
+        while stack:
+            lo, hi = stack.pop()
+            if hi <= lo:
+                continue
+            part = [a.slice(lo, hi - lo) if isinstance(a, (pa.Array, pa.ChunkedArray)) else a
+                    for a in args]
+            try:
+                fn(*part)
+                continue
+            except (pa.ArrowInvalid, OverflowError, ZeroDivisionError):
+                pass
+            if hi - lo == 1:
+                out[lo] = True
+            else:
+                mid = (lo + hi) // 2
+                stack += [(lo, mid), (mid, hi)]
+        return out
+
+    def _arith(self, op: type, a: Any, b: Any) -> Any:
+        import numpy as np
+        import pyarrow as pa
+
+        name = "divide" if op is ast.Div else _CHECKED[op]
+        if not isinstance(a, (pa.Array, pa.ChunkedArray)) and not isinstance(b, (pa.Array, pa.ChunkedArray)):
+            try:  # literals only: fails for every row or none
+                return pc.call_function(name, [pa.scalar(a), pa.scalar(b)]).as_py()
+            except (pa.ArrowInvalid, OverflowError, ZeroDivisionError):
+                self.bad[:] = True
+                return None
+        n = self.table.num_rows
+        mask = np.zeros(n, dtype=bool)
+        if op is ast.Div:
+            # Zero divisors first: Arrow's failing kernel costs per bad value.
+            zero = pc.equal(b, 0)
+            mask |= np.asarray(pc.fill_null(zero, False).to_numpy(zero_copy_only=False)
+                               if isinstance(zero, (pa.Array, pa.ChunkedArray))
+                               else np.full(n, bool(zero.as_py())), dtype=bool)
+            if isinstance(a, (pa.Array, pa.ChunkedArray)):  # null / 0 is null, not an error
+                mask &= np.asarray(pc.is_valid(a).to_numpy(zero_copy_only=False), dtype=bool)
+        if not mask.any():
+            try:
+                return pc.call_function(name, [a, b])
+            except (pa.ArrowInvalid, OverflowError, ZeroDivisionError):
+                pass
+        if op is not ast.Div:
+            out_type = pc.call_function(_WRAPPING[op], [a, b]).type
+            if pa.types.is_integer(out_type):
+                info = np.iinfo(out_type.to_pandas_dtype())
+                f = pc.call_function(_F64[op], [pc.cast(a, pa.float64(), safe=False) if not isinstance(a, (int, float)) else float(a),
+                                                pc.cast(b, pa.float64(), safe=False) if not isinstance(b, (int, float)) else float(b)])
+                over = pc.or_(pc.less(f, float(info.min)), pc.greater(f, float(info.max)))
+                mask |= np.asarray(pc.fill_null(over, False).to_numpy(zero_copy_only=False), dtype=bool)
+        a2, b2 = self._null_where(a, mask), self._null_where(b, mask)
+        try:
+            out = pc.call_function(name, [a2, b2])
+        except (pa.ArrowInvalid, OverflowError, ZeroDivisionError):
+            rest = self._fail_rows(lambda x, y: pc.call_function(name, [x, y]), a2, b2)
+            mask |= rest
+            a2, b2 = self._null_where(a, mask), self._null_where(b, mask)
+            out = pc.call_function(name, [a2, b2])
+        self.bad |= mask
+        return out
+
+    def _negate(self, v: Any) -> Any:
+        import numpy as np
+        import pyarrow as pa
+
+        try:
+            return pc.negate_checked(v)
+        except (pa.ArrowInvalid, OverflowError):
+            info = np.iinfo(v.type.to_pandas_dtype())
+            mask = np.asarray(pc.fill_null(pc.equal(v, info.min), False).to_numpy(zero_copy_only=False), dtype=bool)
+            self.bad |= mask
+            return pc.negate_checked(self._null_where(v, mask))
+
+    def eval(self, node: ast.AST) -> Any:
+        c = self.c
+        if isinstance(node, ast.BoolOp):
+            parts = [self.eval(v) for v in node.values]
+            out = parts[0]
+            fn = pc.and_kleene if isinstance(node.op, ast.And) else pc.or_kleene
+            for p in parts[1:]:
+                out = fn(out, p)
+            return out
+        if isinstance(node, ast.UnaryOp):
+            if isinstance(node.op, ast.Not):
+                return pc.invert(self.eval(node.operand))
+            if isinstance(node.op, ast.USub):
+                v = self.eval(node.operand)
+                return -v if isinstance(v, (int, float)) else self._negate(v)
+            return self.eval(node.operand)
+        if isinstance(node, ast.Compare):
+            left = self.eval(node.left)
+            out = None
+            for op, right_node in zip(node.ops, node.comparators):
+                if isinstance(op, (ast.In, ast.NotIn)):
+                    values = [c.literal(e) for e in right_node.elts]  # type: ignore[attr-defined]
+                    term = pc.is_in(left, value_set=_value_set(values))
+                    if isinstance(op, ast.NotIn):
+                        term = pc.invert(term)
+                    right = None
+                else:
+                    right = self.eval(right_node)
+                    term = pc.call_function(_CMP_FN[type(op)], [left, right])
+                out = term if out is None else pc.and_kleene(out, term)
+                left = right
+            return out
+        if isinstance(node, ast.BinOp):
+            return self._arith(type(node.op), self.eval(node.left), self.eval(node.right))
+        if isinstance(node, ast.Name):
+            return self.table.column(node.id)
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.Call):
+            (arg,) = node.args
+            fname = node.func.id  # type: ignore[attr-defined]
+            if fname == "col":
+                return self.table.column(arg.value)  # type: ignore[attr-defined]
+            v = self.eval(arg)
+            return pc.is_null(v) if fname == "is_null" else pc.is_valid(v)
+        raise c.fail(node, type(node).__name__)
+
+
+def _value_set(values: list[Any]) -> Any:
+    import pyarrow as pa
+
+    return pa.array(values)
+
+
+def evaluate_with_errors(text: str, table: Any, *, label: str = "Filter") -> tuple[Any, Any]:
+    """Evaluates the predicate ``text`` over ``table``, isolating rows where it fails.
+
+    For the error path of a filter whose vectorised evaluation raised: the
+    cost is a few vectorised kernel calls per expression node, not per bad
+    row (see :class:`_RowErrors`).
+
+    Returns:
+        ``(mask, bad)``: a boolean array (null where unknown or where the row
+        failed) and a NumPy bool array of the rows on which evaluation failed.
+    """
+    compile_expression(text, label=label)  # validates and checks limits
+    tree = ast.parse(text.strip(), mode="eval")
+    ev = _RowErrors(table, _Compiler(text, label))
+    mask = ev.eval(tree.body)
+    import pyarrow as pa
+
+    if not isinstance(mask, (pa.Array, pa.ChunkedArray)):
+        mask = pa.array([mask] * table.num_rows, pa.bool_())
+    return mask, ev.bad

@@ -31,11 +31,11 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
-from slicefeed.connectors import PROVENANCE_FILE, PROVENANCE_ROW
+from slicefeed.connectors import PROVENANCE_FILE, PROVENANCE_ROW, short_repr
 from slicefeed.transforms._badrecords import mark_errors
 from slicefeed.transforms._contract import Transform
-from slicefeed.transforms._hashing import row_keys, row_uniform, seeded_copy
 from slicefeed.transforms._dtypes import bfloat16_field, to_bfloat16_bits
+from slicefeed.transforms._hashing import row_keys, row_uniform, seeded_copy
 
 MODES = {"RGB": 3, "L": 1, "RGBA": 4}
 RESAMPLE = ("nearest", "bilinear", "bicubic", "lanczos", "box")
@@ -183,9 +183,9 @@ _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:/")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
-def _show(value: str, limit: int = 120) -> str:
+def _show(value: str) -> str:
     """``repr`` of user data for messages: control characters escaped, truncated."""
-    return repr(value if len(value) <= limit else value[:limit] + "...")
+    return short_repr(value, 120)
 
 
 def _relative_key(path: str) -> str | None:
@@ -287,6 +287,11 @@ class DecodeImage(_ImageTransform):
         new = dataclasses.replace(self)
         object.__setattr__(new, "_storage", dict(storage))
         return new
+
+    @property
+    def storage(self) -> dict[str, Any]:
+        """Storage options ``root`` is read with (see :meth:`with_storage`)."""
+        return dict(getattr(self, "_storage", {}))
 
     def with_source_storage(self, sources: Sequence[tuple[str, dict[str, Any]]]) -> DecodeImage:
         """Binds ``root`` to the filesystem and storage options of a source.

@@ -16,7 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from slicefeed.connectors import SpecError
+from slicefeed.connectors import SpecError, printable, short_repr
 
 if typing.TYPE_CHECKING:  # pragma: no cover
     from slicefeed.transforms._contract import Transform
@@ -24,12 +24,12 @@ if typing.TYPE_CHECKING:  # pragma: no cover
 __all__ = ["TRANSFORMS", "check_transforms", "get_transform", "register", "transform_from_spec"]
 
 #: Transform classes by their YAML name.
-TRANSFORMS: dict[str, type["Transform"]] = {}
+TRANSFORMS: dict[str, type[Transform]] = {}
 
 _SNAKE = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
-def register(name: str, cls: type["Transform"]) -> None:
+def register(name: str, cls: type[Transform]) -> None:
     """Registers ``cls`` under ``name`` (called by ``Transform.__init_subclass__``).
 
     Raises:
@@ -65,7 +65,7 @@ def _ensure_registered() -> None:
     import slicefeed.transforms  # noqa: F401
 
 
-def get_transform(name: str) -> type["Transform"]:
+def get_transform(name: str) -> type[Transform]:
     """The transform class registered under ``name``.
 
     Raises:
@@ -76,11 +76,11 @@ def get_transform(name: str) -> type["Transform"]:
         return TRANSFORMS[name]
     except (KeyError, TypeError):
         raise SpecError(
-            f"unknown transform {name!r}; allowed: {', '.join(sorted(TRANSFORMS))}"
+            f"unknown transform {short_repr(name)}; allowed: {', '.join(sorted(TRANSFORMS))}"
         ) from None
 
 
-def transform_from_spec(item: Mapping[str, Any] | str) -> "Transform":
+def transform_from_spec(item: Mapping[str, Any] | str) -> Transform:
     """Builds a transform from a YAML spec item.
 
     Args:
@@ -98,7 +98,7 @@ def transform_from_spec(item: Mapping[str, Any] | str) -> "Transform":
     else:
         raise SpecError(
             f"a transform must be written as a mapping with one key, the transform "
-            f"name, e.g. {{rename: {{mapping: {{a: b}}}}}}; got {item!r}"
+            f"name, e.g. {{rename: {{mapping: {{a: b}}}}}}; got {short_repr(item)}"
         )
     cls = get_transform(name)
     if args is None:
@@ -106,13 +106,13 @@ def transform_from_spec(item: Mapping[str, Any] | str) -> "Transform":
     if not isinstance(args, Mapping):
         raise SpecError(
             f"{name}: arguments must be a mapping of argument names to values; got "
-            f"{args!r}. Allowed arguments: {_arg_list(cls)}"
+            f"{short_repr(args)}. Allowed arguments: {_arg_list(cls)}"
         )
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = [k for k in args if k not in fields]
     if unknown:
         raise SpecError(
-            f"{name}: unknown argument {unknown[0]!r}; allowed arguments: {_arg_list(cls)}"
+            f"{name}: unknown argument {short_repr(unknown[0])}; allowed arguments: {_arg_list(cls)}"
         )
     missing = [
         k for k, f in fields.items() if default_of(f) is dataclasses.MISSING and k not in args
@@ -127,10 +127,12 @@ def transform_from_spec(item: Mapping[str, Any] | str) -> "Transform":
     except SpecError:
         raise
     except (TypeError, ValueError) as e:
-        raise SpecError(f"{name}: invalid arguments ({e}); allowed arguments: {_arg_list(cls)}") from e
+        raise SpecError(
+            f"{name}: invalid arguments ({printable(str(e), 300)}); allowed arguments: {_arg_list(cls)}"
+        ) from e
 
 
-def _arg_list(cls: type["Transform"]) -> str:
+def _arg_list(cls: type[Transform]) -> str:
     out = []
     for f in dataclasses.fields(cls):
         if not f.init:
@@ -140,7 +142,7 @@ def _arg_list(cls: type["Transform"]) -> str:
     return ", ".join(out) or "(none)"
 
 
-def check_transforms(schema: pa.Schema, transforms: Iterable["Transform"]) -> pa.Schema:
+def check_transforms(schema: pa.Schema, transforms: Iterable[Transform]) -> pa.Schema:
     """Folds :meth:`Transform.output_schema` over ``transforms``; the final schema."""
     for t in transforms:
         schema = t.output_schema(schema)

@@ -11,8 +11,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from slicefeed.connectors import SpecError
-from slicefeed.transforms._arrays import failing_rows, list_parts, make_fixed, make_list, segment_arange
+from slicefeed.connectors import SpecError, short_repr
+from slicefeed.transforms._arrays import (
+    failing_rows,
+    list_parts,
+    make_fixed,
+    make_list,
+    segment_arange,
+)
 from slicefeed.transforms._badrecords import mark_errors
 from slicefeed.transforms._contract import Transform
 
@@ -22,6 +28,8 @@ BYTE_VOCAB_SIZE = 256 + BYTE_OFFSET
 
 _CACHE: dict[str, Any] = {}
 _CACHE_LOCK = threading.Lock()
+#: Longest pad_or_truncate length: every row becomes a list of this length.
+MAX_PAD_LENGTH = 1 << 20
 
 
 def load_hf_tokenizer(uri: str):
@@ -299,7 +307,14 @@ class PadOrTruncate(Transform):
 
     def __post_init__(self) -> None:
         if isinstance(self.length, bool) or not isinstance(self.length, int) or self.length < 1:
-            raise self._spec_error(f"length must be a positive integer; got {self.length!r}")
+            raise self._spec_error(f"length must be a positive integer; got {short_repr(self.length)}")
+        if self.length > MAX_PAD_LENGTH:
+            raise self._spec_error(
+                f"length must be at most {MAX_PAD_LENGTH} (one row's list is allocated at "
+                f"this length); got {self.length}"
+            )
+        if isinstance(self.pad_value, bool) or not isinstance(self.pad_value, (int, float)):
+            raise self._spec_error(f"pad_value must be a number; got {short_repr(self.pad_value)}")
         if self.side not in ("right", "left"):
             raise self._spec_error(f"side must be 'right' or 'left'; got {self.side!r}")
 
@@ -321,6 +336,13 @@ class PadOrTruncate(Transform):
             raise self._spec_error(
                 f"column {self.column!r} has type {t}; expected a list of numbers"
             )
+        try:
+            pa.scalar(self.pad_value).cast(t.value_type, safe=True)
+        except (pa.ArrowInvalid, OverflowError):
+            raise self._spec_error(
+                f"pad_value {self.pad_value!r} does not fit the list's value type "
+                f"{t.value_type} (column {self.column!r}); use a value of that type"
+            ) from None
         for f in self._fields(t.value_type):
             if f.name in schema.names:
                 schema = schema.set(schema.get_field_index(f.name), f)

@@ -12,7 +12,8 @@ import json
 import os
 import sys
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from slicefeed.connectors import AlreadyCommittedError, SpecError
 from slicefeed.connectors._formats import FORMATS
@@ -99,10 +100,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from slicefeed.pipelines._pipeline import load_pipeline
 
     p = load_pipeline(args.pipeline, args.set, date=args.date)
-    p.check()  # before starting Ray
-    _init_ray(args.address, verbose=args.verbose)
-    report = p.run(overwrite=args.overwrite, progress=not args.quiet and not args.verbose,
-                   progress_interval=args.progress_interval)
+    # "Nothing to do" and "refused" are decided from storage, before Ray starts
+    # (no cluster, no TPU slice is brought up for a no-op).
+    report = p.decide(overwrite=args.overwrite)
+    if report is None:
+        p.check()
+        _init_ray(args.address, verbose=args.verbose)
+        report = p.run(overwrite=args.overwrite, progress=not args.quiet and not args.verbose,
+                       progress_interval=args.progress_interval)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2, default=str))
     else:
@@ -159,8 +164,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     root = os.path.abspath(args.dir)
     raw, out = os.path.join(root, "raw"), os.path.join(root, "out")
     t0 = time.perf_counter()
-    changed: list[str] = []
-    paths = write_corpus(raw, rows=args.rows, changed=changed)
+    paths = write_corpus(raw, rows=args.rows)
     import yaml
 
     spec = demo_spec(raw, out)
@@ -171,24 +175,23 @@ def _cmd_demo(args: argparse.Namespace) -> int:
                f"({time.perf_counter() - t0:.1f} s); pipeline spec: {spec_path}")
     p = Pipeline(spec, source_name=spec_path)
     p.check()
-    _init_ray(args.address, verbose=args.verbose)
     progress = {"progress": not args.quiet and not args.verbose,
                 "progress_interval": args.progress_interval}
-    # The demo's own folder: a dataset a previous demo committed from another
-    # corpus (other --rows) is replaced, never refused or reported as current.
     target = resolve_filesystem(out)
-    replace = args.overwrite or bool(
-        changed and is_committed(target)
-        and read_manifest(target).metadata.get("pipeline") == p.name)
-    if replace and not args.overwrite:
-        _say(args, f"demo: the corpus changed; replacing the dataset a previous demo "
-                   f"committed in {out}")
     try:
-        report = p.run(overwrite=replace, **progress)
+        # A rerun over the same corpus is decided without Ray: nothing to do.
+        report = p.decide(overwrite=args.overwrite)
+        if report is None:
+            _init_ray(args.address, verbose=args.verbose)
+            report = p.run(overwrite=args.overwrite, **progress)
     except AlreadyCommittedError:
+        # The demo's own folder, committed by a previous demo from another
+        # corpus (other --rows): replaced, not refused.
         if not (is_committed(target) and read_manifest(target).metadata.get("pipeline") == p.name):
             raise
-        _say(args, f"demo: replacing the dataset a previous demo committed in {out}")
+        _say(args, f"demo: the corpus changed; replacing the dataset a previous demo "
+                   f"committed in {out}")
+        _init_ray(args.address, verbose=args.verbose)
         report = p.run(overwrite=True, **progress)
     print(report.summary(), flush=True)
     for line in feed_jax(out):
@@ -346,12 +349,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:  # --help
         return int(e.code or 0)
     except BrokenPipeError:  # `slicefeed inspect ... | head`
-        sys.stdout = open(os.devnull, "w")
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - replaces stdout until exit
         return EXIT_OK
     except KeyboardInterrupt:
         print("slicefeed: interrupted; nothing was committed by the interrupted run.", file=sys.stderr)
         return 130
-    except BaseException as e:  # noqa: BLE001 - the CLI's one place that reports errors
+    except BaseException as e:
         if debug:
             raise
         root = _root_cause(e)

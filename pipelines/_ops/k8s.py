@@ -15,9 +15,10 @@
 With ``--schedule "0 3 * * *"`` it prints a ``CronJob`` (``batch/v1``)
 instead of the bare RayJob: each run a small ``kubectl`` pod creates a fresh
 RayJob (``metadata.generateName``) from a second ConfigMap and waits for it,
-under a ServiceAccount whose Role may only create/get RayJobs. Reruns are
-safe: a pipeline whose output is already committed with the same fingerprint
-exits 0 without recomputing.
+under a ServiceAccount whose Role may only create/get RayJobs. A run whose
+sink is committed from the same spec and input exits 0 without recomputing;
+give a scheduled job a dated sink (``--set 'sink.uri=gs://b/out/{date}'``)
+so each run commits its own dataset.
 
 Shipping the spec: by default the spec text goes into the ConfigMap. With
 ``--spec-in-image PATH`` nothing is shipped and the entrypoint reads PATH from
@@ -119,7 +120,7 @@ def check_spec(
     spec = load_spec(spec_path, overrides)
     # URI templates ({date}, {env:NAME}) are filled in the pod, at run time.
     p = Pipeline(spec, source_name=spec_path, expand_templates=False)
-    if "sink" not in p.spec:
+    if p.spec.sink is None:
         raise SpecError(f"{spec_path}: missing required key 'sink' (format and uri); "
                         "`slicefeed run` needs one.")
     if source_check:
@@ -131,7 +132,7 @@ def check_spec(
             text = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
             warn(f"could not read the source from here to check the transforms' columns "
                  f"({type(e).__name__}: {text}); the spec's keys and transforms are valid.")
-    return p.spec
+    return spec
 
 
 def _warn(message: str) -> None:

@@ -5,9 +5,9 @@ a JSON line that is not an object, values of the wrong type (``cast``),
 non-UTF-8 text lines, and (once those transforms exist) nulls in a required
 column (``tokenize``) and undecodable images (``decode_image``).
 
-An unreadable file counts as one bad record (its row count is unknown); every
-other bad record is one row. In every run
-``rows_read == rows_written + rows_filtered + rows_skipped + rows_quarantined``.
+A file that cannot be read at all (its row count is unknown) fails the run
+whatever ``max_error_fraction`` says; every other bad record is one row. In
+every run ``rows_read == rows_written + rows_filtered + rows_skipped + rows_quarantined``.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests._harness import put_bytes
 from slicefeed.connectors import is_committed, read_dataset, resolve_filesystem
 from slicefeed.pipelines import Pipeline
+from tests._harness import put_bytes
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -50,6 +50,7 @@ def _parquet_corpus(base: str) -> dict:
         "read": 32, "written": 30, "bad": 2,
         "bad_files": {"zz-garbage.parquet", "zz-truncated.parquet"},
         "reasons": ["not a readable Parquet file"],
+        "unreadable": True,
     }
 
 
@@ -57,13 +58,13 @@ def _jsonl_corpus(base: str) -> dict:
     good = [json.dumps({"id": i, "score": str(i), "text": f"t{i}"}) for i in range(10)]
     put_bytes(f"{base}/raw/a.jsonl", ("\n".join(good) + "\n").encode())
     put_bytes(f"{base}/raw/b.jsonl", (
-        '{"id": 10, "score": "1", "text": "ok"}\n'
-        '{"id": 11, "score": "2", "te\n'                    # truncated line
-        '[1, 2, 3]\n'                                         # not an object
-        '{"id": 13, "score": "seven", "text": "x"}\n'        # wrong type for cast
-        '\n'
-        '{"id": 14, "score": "4", "text": "fine"}\n'
-    ).encode())
+        b'{"id": 10, "score": "1", "text": "ok"}\n'
+        b'{"id": 11, "score": "2", "te\n'                    # truncated line
+        b'[1, 2, 3]\n'                                         # not an object
+        b'{"id": 13, "score": "seven", "text": "x"}\n'        # wrong type for cast
+        b'\n'
+        b'{"id": 14, "score": "4", "text": "fine"}\n'
+    ))
     return {
         "source": {"format": "jsonl", "uri": f"{base}/raw"},
         "transforms": [{"cast": {"columns": {"id": "int32", "score": "int32"}}}],
@@ -142,9 +143,23 @@ def _assert_adds_up(report, corpus) -> None:
     assert doc["fingerprint"] and doc["versions"]["ray"] and doc["wall_s"] > 0
 
 
+def _fails_as_unreadable(local_dir: str, corpus: dict, policy: str) -> bool:
+    """Files whose row count is unknown fail the run even with a generous budget."""
+    if not corpus.get("unreadable"):
+        return False
+    with pytest.raises(Exception, match=r"2 input file\(s\) could not be read at all "
+                                        r"\('zz-garbage\.parquet', 'zz-truncated\.parquet'\): "
+                                        r"their row count is unknown"):
+        Pipeline(_spec(local_dir, corpus, on_error=policy, max_error_fraction=1.0)).run()
+    assert not is_committed(f"{local_dir}/out")
+    return True
+
+
 @pytest.mark.parametrize("kind", sorted(CORPORA))
 def test_skip_counts_bad_records(ray_cluster, local_dir, kind):
     corpus = CORPORA[kind](local_dir)
+    if _fails_as_unreadable(local_dir, corpus, "skip"):
+        return
     report = Pipeline(_spec(local_dir, corpus, on_error="skip")).run()
     _assert_adds_up(report, corpus)
     assert report.rows_skipped == corpus["bad"] and report.rows_quarantined == 0
@@ -155,6 +170,8 @@ def test_skip_counts_bad_records(ray_cluster, local_dir, kind):
 @pytest.mark.parametrize("kind", sorted(CORPORA))
 def test_quarantine_writes_each_bad_record(ray_cluster, local_dir, kind):
     corpus = CORPORA[kind](local_dir)
+    if _fails_as_unreadable(local_dir, corpus, "quarantine"):
+        return
     report = Pipeline(_spec(local_dir, corpus, on_error="quarantine")).run()
     _assert_adds_up(report, corpus)
     assert report.rows_quarantined == corpus["bad"] and report.rows_skipped == 0

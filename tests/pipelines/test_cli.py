@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import yaml
+
 from slicefeed.connectors import is_committed
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -34,8 +35,7 @@ def spec_file(local_dir):
     raw = os.path.join(local_dir, "raw")
     os.makedirs(raw)
     with open(os.path.join(raw, "a.jsonl"), "w") as f:
-        for i in range(50):
-            f.write(json.dumps({"id": i, "text": f"row {i}"}) + "\n")
+        f.writelines(json.dumps({"id": i, "text": f"row {i}"}) + "\n" for i in range(50))
     spec = {
         "name": "cli-test",
         "source": {"format": "jsonl", "uri": raw},
@@ -181,3 +181,45 @@ def test_dated_sink(spec_file, local_dir):
     assert r.returncode == 0, r.stderr[-3000:]
     out = os.path.join(local_dir, "nightly", "2026-01-02")
     assert out in r.stdout and is_committed(resolve_filesystem(out))
+
+
+def _closed_port() -> str:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"127.0.0.1:{port}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_rerun_sees_input_changes_and_decides_before_ray(spec_file, local_dir):
+    import time
+
+    r = slicefeed("-q", "run", spec_file)
+    assert r.returncode == 0, r.stderr[-3000:]
+    # Same spec, same input: nothing to do, decided without Ray (no cluster at that address).
+    no_ray = {"RAY_ADDRESS": _closed_port()}
+    t0 = time.perf_counter()
+    r = slicefeed("run", spec_file, env=no_ray)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "nothing to do" in r.stdout
+    assert time.perf_counter() - t0 < 60  # no Ray start (loaded CI machines are slow)
+    # Two files added, one changed: refused, saying so and how to proceed, still without Ray.
+    raw = os.path.join(local_dir, "raw")
+    for name in ("b.jsonl", "c.jsonl"):
+        with open(os.path.join(raw, name), "w") as f:
+            f.write(json.dumps({"id": 1, "text": "new"}) + "\n")
+    with open(os.path.join(raw, "a.jsonl"), "a") as f:
+        f.write(json.dumps({"id": 50, "text": "appended"}) + "\n")
+    r = slicefeed("run", spec_file, env=no_ray)
+    assert r.returncode == 2, (r.stdout, r.stderr[-3000:])
+    assert "2 input files added, 1 changed since the committed run" in r.stderr, r.stderr
+    assert "--overwrite" in r.stderr and "{date}" in r.stderr and "Traceback" not in r.stderr
+    # Proceeding as told: --overwrite recomputes over the new input.
+    r = slicefeed("-q", "run", spec_file, "--overwrite")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.startswith("cli-test: read 53 rows, wrote 42 rows"), r.stdout
+    r = slicefeed("run", spec_file, env=no_ray)
+    assert r.returncode == 0 and "nothing to do" in r.stdout, r.stderr[-3000:]

@@ -29,7 +29,7 @@ def test_good_spec_gets_defaults():
 @pytest.mark.parametrize(
     "spec, message",
     [
-        (_with(sourc={}), r"unknown key 'sourc' in \(top level\); allowed keys: description, max_error_fraction, name, on_error, placement, seed, sink, source, sources, transforms"),
+        (_with(sourc={}), r"unknown key 'sourc' in \(top level\); allowed keys: description, max_error_fraction, name, on_error, placement, seed, sink, source, sources, task_retries, transforms"),
         ({"name": "t"}, r"missing required key 'source'"),
         ({"source": GOOD["source"]}, r"missing required key 'name'"),
         (_with(seed="zero"), r"seed must be an integer, got string 'zero'"),
@@ -96,7 +96,7 @@ def test_uri_templates_date_datetime_env():
     assert out["sink"]["uri"] == "gs://b/nlp/out/2026-01-02/20260102T000000Z"
     assert spec["sink"]["uri"].endswith("{date}/{datetime}"), "the input is not changed"
     # Default: the run's UTC date.
-    today = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")
+    today = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
     out = expand_uri_templates(spec, env={"SF_TEAM": "x"})
     assert out["sink"]["uri"].startswith(f"gs://b/x/out/{today}/{today.replace('-', '')}T")
     with pytest.raises(SpecError, match=r"sink.uri uses \{env:SF_TEAM\} but the environment "

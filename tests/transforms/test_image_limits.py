@@ -24,7 +24,6 @@ import pytest
 import yaml
 from PIL import Image
 
-from tests._harness import put_bytes
 from slicefeed.connectors import SpecError
 from slicefeed.transforms import (
     ERROR_COLUMN,
@@ -35,6 +34,7 @@ from slicefeed.transforms import (
     read_images,
     split_errors,
 )
+from tests._harness import put_bytes
 
 
 def _png(a: np.ndarray) -> bytes:
@@ -272,3 +272,24 @@ def test_slicefeed_run_counts_hostile_image_paths_as_bad_records(tmp_path, image
     spec_path.write_text(yaml.safe_dump(spec))
     r = _slicefeed("validate", str(spec_path))
     assert r.returncode == 2 and "source's filesystem" in r.stderr, r.stderr[-2000:]
+
+
+def test_a_pipeline_reads_images_with_the_matching_source_storage(tmp_path):
+    from slicefeed.pipelines import Pipeline
+
+    def spec(root: str, sources: list[dict]) -> dict:
+        return {
+            "name": "images-root",
+            "sources": sources,
+            "transforms": [{"decode_image": {"column": "path", "root": root}}],
+            "sink": {"format": "parquet", "uri": str(tmp_path / "out")},
+        }
+
+    local = {"name": "a", "format": "jsonl", "uri": str(tmp_path / "raw")}
+    gcs = {"name": "b", "format": "jsonl", "uri": "gs://other-bucket/raw",
+           "storage": {"anonymous": True, "project": "p"}}
+    p = Pipeline(spec("gs://imgs-bucket/images", [local, gcs]))
+    assert p.transforms[0].storage == {"anonymous": True, "project": "p"}
+    assert Pipeline(spec(str(tmp_path / "images"), [local, gcs])).transforms[0].storage == {}
+    with pytest.raises(SpecError, match=r"root memory://x/images is not on the source's filesystem"):
+        Pipeline(spec("memory://x/images", [local, gcs]))

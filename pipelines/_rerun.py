@@ -1,0 +1,149 @@
+"""What a rerun of a batch job must do, decided from storage alone (no Ray).
+
+A committed run's fingerprint covers everything that determines its output:
+
+- the spec (sources, transforms, seed, bad-record policy; not the sink);
+- the resolved input listing: every input file's path, size and storage
+  generation (GCS) or modification time (local), stored in the manifest so
+  a rerun can say what changed;
+- the content of files the transforms read (a ``tokenizer.json``);
+- :data:`OUTPUT_FORMAT_VERSION`, bumped whenever the rows a pipeline writes
+  for the same input change (a transform's semantics, the shard layout), not
+  with every package release.
+
+``decide()`` compares those with what the sink's manifest recorded: the
+same -> nothing to do; anything else -> refused (without ``overwrite``),
+with a message that says what changed and how to proceed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+#: Version of what a pipeline writes for a given spec and input. Bump it when
+#: the output rows or their layout change, so reruns over unchanged input
+#: recompute instead of reporting "nothing to do".
+OUTPUT_FORMAT_VERSION = 1
+
+#: Manifest metadata key holding the fingerprint's parts (for "what changed").
+PARTS_KEY = "fingerprint_parts"
+
+_FILE_SUFFIXES = (".json", ".model", ".txt", ".vocab", ".bin", ".yaml", ".yml")
+
+
+def _looks_like_file(value: str) -> bool:
+    return "://" in value or "/" in value or value.lower().endswith(_FILE_SUFFIXES)
+
+
+def _strings(node: Any) -> Iterable[str]:
+    if isinstance(node, str):
+        yield node
+    elif isinstance(node, Mapping):
+        for v in node.values():
+            yield from _strings(v)
+    elif isinstance(node, (list, tuple)):
+        for v in node:
+            yield from _strings(v)
+
+
+def transform_file_digests(spec: Mapping[str, Any]) -> dict[str, str]:
+    """SHA-256 of each existing file a transform's arguments name (``tokenizer.json``).
+
+    Any string argument that looks like a path or URI and names an existing
+    file counts; others (``tokenizer: bytes``, column names) are ignored.
+    """
+    from slicefeed.connectors import resolve_filesystem
+
+    out: dict[str, str] = {}
+    for item in spec.get("transforms") or []:
+        for value in _strings(item):
+            if value in out or not _looks_like_file(value):
+                continue
+            try:
+                r = resolve_filesystem(value)
+                if not r.fs.isfile(r.path):
+                    continue
+                h = hashlib.sha256()
+                with r.fs.open(r.path, "rb") as f:
+                    for chunk in iter(lambda f=f: f.read(1 << 20), b""):
+                        h.update(chunk)
+            except (OSError, ValueError):
+                continue
+            out[value] = h.hexdigest()
+    return out
+
+
+def _listing_doc(inputs: Sequence[Any]) -> list[list[Any]]:
+    return sorted([str(i.uri), i.size, None if i.generation is None else str(i.generation)]
+                  for i in inputs)
+
+
+def fingerprint_parts(spec_fingerprint: str, inputs: Sequence[Any] | None,
+                      files: Mapping[str, str]) -> dict[str, Any]:
+    """The parts a run's fingerprint is made of (stored in the manifest's metadata)."""
+    listing = None if inputs is None else hashlib.sha256(
+        json.dumps(_listing_doc(inputs)).encode()).hexdigest()
+    return {"spec": spec_fingerprint, "inputs": listing, "files": dict(sorted(files.items())),
+            "format_version": OUTPUT_FORMAT_VERSION}
+
+
+def combine(parts: Mapping[str, Any]) -> str:
+    """The run fingerprint: SHA-256 over its parts."""
+    return hashlib.sha256(json.dumps(dict(parts), sort_keys=True).encode()).hexdigest()
+
+
+def describe_input_changes(old: Sequence[Any] | None, new: Sequence[Any]) -> str:
+    """``"2 input files added, 1 changed, 1 removed"`` (listing vs listing)."""
+    if old is None:
+        return "the committed run recorded no input listing"
+    before = {str(i.uri): (i.size, None if i.generation is None else str(i.generation))
+              for i in old}
+    after = {str(i.uri): (i.size, None if i.generation is None else str(i.generation))
+             for i in new}
+    added = sorted(set(after) - set(before))
+    removed = sorted(set(before) - set(after))
+    changed = sorted(u for u in set(after) & set(before) if after[u] != before[u])
+    parts = []
+    for n, what in ((len(added), "added"), (len(changed), "changed"), (len(removed), "removed")):
+        if n:
+            parts.append(f"{n} {'input file' if n == 1 else 'input files'} {what}"
+                         if not parts else f"{n} {what}")
+    if not parts:
+        return "the input listing is the same"
+    example = (added or changed or removed)[0]
+    return ", ".join(parts) + f" since the committed run (e.g. {_short(example)})"
+
+
+def _short(uri: str, limit: int = 120) -> str:
+    text = "".join(c if c.isprintable() else "?" for c in uri)
+    return text if len(text) <= limit else "..." + text[-limit:]
+
+
+def what_changed(old_parts: Mapping[str, Any] | None, new_parts: Mapping[str, Any],
+                 old_inputs: Sequence[Any] | None, new_inputs: Sequence[Any]) -> list[str]:
+    """Human reasons why the committed run's fingerprint differs from this run's."""
+    if not old_parts:
+        return [("the committed dataset was written before inputs were fingerprinted "
+                 "(no input listing recorded)")]
+    reasons = []
+    if old_parts.get("spec") != new_parts["spec"]:
+        reasons.append("the pipeline spec changed (sources, transforms, seed or on_error)")
+    if old_parts.get("inputs") != new_parts["inputs"]:
+        reasons.append(describe_input_changes(old_inputs, new_inputs))
+    old_files, new_files = old_parts.get("files") or {}, new_parts["files"]
+    for name in sorted(set(old_files) | set(new_files)):
+        if old_files.get(name) != new_files.get(name):
+            reasons.append(f"the content of {_short(name)} (read by a transform) changed")
+    if old_parts.get("format_version") != new_parts["format_version"]:
+        reasons.append(f"the output format version changed (committed: "
+                       f"{old_parts.get('format_version')}, this slicefeed: "
+                       f"{new_parts['format_version']})")
+    return reasons or ["the fingerprint differs"]
+
+
+def dated(uri: str) -> str:
+    """``uri`` with a ``{date}`` folder (for the "how to proceed" hint)."""
+    return uri if "{date}" in uri else uri.rstrip("/") + "/{date}"

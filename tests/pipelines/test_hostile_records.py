@@ -1,0 +1,137 @@
+"""Hostile records: one bad line never takes its file's good rows with it, and
+input cannot forge slicefeed's own bad-record markers.
+
+Runs real pipelines on the session Ray cluster; `validate` through the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from slicefeed.connectors import SpecError, is_committed, read_dataset, resolve_filesystem
+from slicefeed.pipelines import Pipeline
+from tests._harness import put_bytes
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _spec(base: str, fmt: str, **kw) -> dict:
+    spec = {"name": "hostile-records", "source": {"format": fmt, "uri": f"{base}/raw"},
+            "sink": {"format": "parquet", "uri": f"{base}/out"}, "max_error_fraction": 0.01}
+    spec.update(kw)
+    return spec
+
+
+def _quarantined(sink: str) -> list[dict]:
+    q = resolve_filesystem(f"{sink}/_quarantine")
+    if not q.fs.exists(q.path):
+        return []
+    rows = []
+    for p in sorted(q.fs.find(q.path)):
+        with q.fs.open(p, "rb") as f:
+            rows += pq.read_table(f).to_pylist()
+    return rows
+
+
+def test_one_bad_csv_line_keeps_the_other_rows(ray_cluster, local_dir):
+    lines = ["id,name,score"] + [f"{i},n{i},{i * 10}" for i in range(1000)]
+    lines[501] = "500,n500"                         # too few fields
+    lines[801] = "800,n800,8000,surplus"            # too many fields
+    put_bytes(f"{local_dir}/raw/a.csv", ("\n".join(lines) + "\n").encode())
+    report = Pipeline(_spec(local_dir, "csv", on_error="quarantine")).run()
+    assert (report.rows_read, report.rows_written, report.rows_quarantined) == (1000, 998, 2)
+    ids = sorted(read_dataset(f"{local_dir}/out").to_pandas()["id"].tolist())
+    assert ids == [i for i in range(1000) if i not in (500, 800)]
+    recs = _quarantined(f"{local_dir}/out")
+    assert sorted(r["_sf_raw"] for r in recs) == [b"500,n500", b"800,n800,8000,surplus"]
+    assert sorted(r["_sf_row"] for r in recs) == [500, 800]
+    assert all("a.csv" in r["_sf_error"] and "line" in r["_sf_error"] for r in recs)
+
+
+def test_one_type_changing_jsonl_value_keeps_the_other_rows(ray_cluster, local_dir):
+    rows = [json.dumps({"id": i, "text": f"t{i}"}) for i in range(1000)]
+    rows[700] = json.dumps({"id": "seven hundred", "text": "t700"})
+    put_bytes(f"{local_dir}/raw/a.jsonl", ("\n".join(rows) + "\n").encode())
+    report = Pipeline(_spec(local_dir, "jsonl", on_error="quarantine")).run()
+    assert (report.rows_read, report.rows_written, report.rows_quarantined) == (1000, 999, 1)
+    (rec,) = _quarantined(f"{local_dir}/out")
+    assert rec["_sf_row"] == 700 and rec["_sf_raw"] == rows[700].encode()
+    assert "line 701" in rec["_sf_error"]
+    # The budget sees per-record counts: 1 of 1000 is within 1%, 2 are not.
+    rows[100] = json.dumps({"id": [1], "text": "t100"})
+    put_bytes(f"{local_dir}/raw/a.jsonl", ("\n".join(rows) + "\n").encode())
+    with pytest.raises(Exception, match=r"2 of 1000 rows were bad"):
+        Pipeline(_spec(local_dir, "jsonl", on_error="skip", max_error_fraction=0.001)).run(overwrite=True)
+
+
+def test_unreadable_parquet_file_exceeds_any_budget(ray_cluster, local_dir):
+    buf = pa.BufferOutputStream()
+    pq.write_table(pa.table({"id": list(range(10))}), buf)
+    put_bytes(f"{local_dir}/raw/a.parquet", buf.getvalue().to_pybytes())
+    put_bytes(f"{local_dir}/raw/b.parquet", b"PAR1 not really parquet")  # row count unknown
+    with pytest.raises(Exception, match=r"b\.parquet.* row count is unknown"):
+        Pipeline(_spec(local_dir, "parquet", on_error="skip", max_error_fraction=1.0)).run()
+    assert not is_committed(f"{local_dir}/out")
+
+
+# -- reserved column names -------------------------------------------------------
+
+
+def _slicefeed(*args: str) -> subprocess.CompletedProcess:
+    exe = os.path.join(os.path.dirname(sys.executable), "slicefeed")
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)
+    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=120, env=env)
+
+
+@pytest.mark.parametrize("fmt, column", [("jsonl", "_sf_error"), ("jsonl", "_sf_row"),
+                                         ("csv", "_sf_file"), ("jsonl", "_sf_raw")])
+def test_reserved_columns_in_input_are_refused(ray_cluster, local_dir, fmt, column):
+    good = [{"id": i, "text": "fine"} for i in range(5)]
+    forged = [dict(r, **{column: "forged\nFAKE: all rows committed"}) for r in good]
+
+    def put(name, rows):
+        if fmt == "jsonl":
+            put_bytes(f"{local_dir}/raw/{name}.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
+        else:
+            head = list(rows[0])
+            body = "".join(",".join(json.dumps(r[c]) for c in head) + "\n" for r in rows)
+            put_bytes(f"{local_dir}/raw/{name}.csv", (",".join(head) + "\n" + body).encode())
+
+    # A later file forges the column: the run fails naming file and column.
+    put("a", good)
+    put("b", forged)
+    with pytest.raises(SpecError, match=rf"b\.{fmt}: column '{column}' is reserved"):
+        Pipeline(_spec(local_dir, fmt, on_error="skip", max_error_fraction=1.0)).run()
+    assert not is_committed(f"{local_dir}/out")
+    # The first file forges it: `validate` refuses (exit 2).
+    put("a", forged)
+    spec_path = os.path.join(local_dir, "s.json")
+    with open(spec_path, "w") as f:
+        json.dump(_spec(local_dir, fmt, on_error="fail"), f)
+    r = _slicefeed("validate", spec_path)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert f"column '{column}' is reserved" in r.stderr
+    # Leaving it out with `columns:` is the documented way round.
+    spec = _spec(local_dir, fmt, on_error="fail")
+    spec["source"]["options"] = {"columns": ["id", "text"]}
+    assert Pipeline(spec).run().rows_written == 10
+
+
+def test_messages_escape_control_characters_from_data(local_dir):
+    put_bytes(f"{local_dir}/raw/a.csv", b'id,"evil\nFAKE: validated ok\x1b[2J"\n1,2\n')
+    spec_path = os.path.join(local_dir, "s.json")
+    with open(spec_path, "w") as f:
+        json.dump(_spec(local_dir, "csv", transforms=[{"select": {"columns": ["nope"]}}]), f)
+    r = _slicefeed("validate", spec_path)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "column 'nope' not found" in r.stderr
+    assert "\nFAKE" not in r.stderr and "\x1b" not in r.stderr
+    assert "evil\\nFAKE" in r.stderr
