@@ -40,7 +40,6 @@ import copy
 import shlex
 import os
 import re
-import shlex
 import sys
 from typing import Any
 
