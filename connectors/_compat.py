@@ -40,18 +40,18 @@ import contextlib
 import functools
 import logging
 import warnings
-from collections.abc import Iterator
-from typing import Any, Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 __all__ = [
     "CHECKED_VERSIONS",
     "available_resources_per_node",
     "dataset_meta_count",
+    "dataset_preserving_order",
+    "disable_ray_data_progress_bars",
     "gcsfs_undecorated_request",
     "jax_kv_client",
-    "dataset_preserving_order",
     "kv_try_get",
-    "disable_ray_data_progress_bars",
     "quiet_ray_logging",
     "task_retry_args",
     "valid_tpu_topologies",

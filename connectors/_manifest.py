@@ -54,6 +54,7 @@ import re
 from typing import Any
 
 import pyarrow as pa
+
 from slicefeed.connectors._errors import CorruptManifestError, NotCommittedError
 from slicefeed.connectors._fs import ResolvedPath, resolve_filesystem
 

@@ -6,19 +6,17 @@ import json
 
 import pytest
 
-from tests._harness import put_bytes
 from slicefeed.connectors import (
     AlreadyCommittedError,
     BadRecordError,
     SpecError,
-    read_dataset,
     is_committed,
+    read_dataset,
     read_manifest,
     resolve_filesystem,
 )
 from slicefeed.pipelines import Pipeline
-
-
+from tests._harness import put_bytes
 
 
 def _corpus(base: str, files: int = 3, rows: int = 10) -> str:
@@ -152,3 +150,26 @@ def test_placement_option_constrains_the_whole_execution(ray_cluster, base_uri):
     assert not ds.context.execution_options.label_selector
     with pytest.raises(SpecError, match=r"placement.preprocess_on is 'tpu'; allowed values: cpu_only, any"):
         Pipeline(_spec(base_uri, placement={"preprocess_on": "tpu"}))
+
+
+def test_rerun_decided_from_listing_files_and_format_version(ray_cluster, base_uri, monkeypatch):
+    """decide() (no Ray): same input -> nothing to do; a new file or a new version -> refused."""
+    from slicefeed.pipelines import _rerun
+
+    _corpus(base_uri)
+    assert Pipeline(_spec(base_uri)).run().status == "committed"
+    m = read_manifest(f"{base_uri}/out")
+    assert len(m.inputs) == 3 and all(i.size and i.generation for i in m.inputs)
+    assert Pipeline(_spec(base_uri)).decide().status == "already_committed"
+    put_bytes(f"{base_uri}/raw/f9.jsonl", json.dumps({"id": 99, "score": "1", "text": "x"}) + "\n")
+    with pytest.raises(AlreadyCommittedError,
+                       match=r"from other input: 1 input file added since the committed run "
+                             r"\(e\.g\. .*f9\.jsonl\)\. Pass --overwrite"):
+        Pipeline(_spec(base_uri)).decide()
+    extra = resolve_filesystem(f"{base_uri}/raw/f9.jsonl")
+    extra.fs.rm(extra.path)
+    assert Pipeline(_spec(base_uri)).decide().status == "already_committed"
+    monkeypatch.setattr(_rerun, "OUTPUT_FORMAT_VERSION", _rerun.OUTPUT_FORMAT_VERSION + 1)
+    with pytest.raises(AlreadyCommittedError, match="the output format version changed"):
+        Pipeline(_spec(base_uri)).decide()
+    assert Pipeline(_spec(base_uri)).decide(overwrite=True) is None
