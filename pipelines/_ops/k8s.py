@@ -39,6 +39,7 @@ import argparse
 import copy
 import os
 import re
+import shlex
 import sys
 from typing import Any
 
