@@ -1,6 +1,6 @@
 """Shared pieces of the loader benchmarks: dataset, environment, consumer, validation.
 
-Not part of the installed package (DESIGN.md: benchmarks live outside it).
+Not part of the installed package: benchmarks live outside it.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import platform
 import subprocess
 import sys
 import time
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA_DIR = os.path.join(HERE, "_data")
@@ -30,13 +31,13 @@ def process_env(device_count: int = 8) -> dict[str, str]:
     env = dict(os.environ)
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={device_count}"
     env["JAX_PLATFORMS"] = "cpu"
-    env.setdefault("RAY_AUTH_MODE", "disabled")  # DESIGN.md: Ray 2.60 token auth
+    env.setdefault("RAY_AUTH_MODE", "disabled")  # Ray 2.60 token auth (docs/architecture.md)
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     env.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     env.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
     env.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    # On a loaded 2-core machine a Ray worker can take > 60 s to import and register;
+    # On a loaded machine a Ray worker can take > 60 s to import and register;
     # the raylet then kills and restarts it forever. Same setting for every Ray case.
     env.setdefault("RAY_worker_register_timeout_seconds", "600")
     # Ray starts its workers at niceness 15; on a machine shared with other work they

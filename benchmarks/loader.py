@@ -22,7 +22,7 @@ token checksum FAILS instead of reporting a number.
 
 Usage::
 
-    python benchmarks/loader.py --quick             # < 3 min on 2 cores
+    python benchmarks/loader.py --quick             # a few minutes
     python benchmarks/loader.py --repeat 3          # full run; medians of 3
     python benchmarks/loader.py --cases slicefeed,raw_jax --batch-sizes 256
 """
@@ -40,7 +40,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _benchlib import (  # noqa: E402
+from _benchlib import (
     COLUMNS,
     HERE,
     LOADER_DTYPES,
@@ -58,7 +58,7 @@ from _benchlib import (  # noqa: E402
 
 CASES = ("pyarrow_limit", "raw_jax", "ray_iter_jax_batches", "grain", "slicefeed", "slicefeed_ray")
 QUICK_CASES = CASES[:5]
-TARGETS = {  # slicefeed rows/s divided by the case's, at least (issue 6)
+TARGETS = {  # slicefeed rows/s divided by the case's, at least (benchmarks/README.md)
     "ray_iter_jax_batches": 1.3,
     "grain": 1.0,
     "raw_jax": 1.0,
@@ -128,7 +128,7 @@ def _ray_init(extra: dict) -> None:
                 object_store_memory=256 << 20,
             )
             break
-        except Exception:  # noqa: BLE001 - Ray's 30 s raylet start wait, on a loaded machine
+        except Exception:
             ray.shutdown()
             if attempt == 2:
                 raise
@@ -237,7 +237,7 @@ def child_main(cfg_json: str) -> None:
     meta = cfg["meta"]
     extra: dict = {}
     t_imp = time.perf_counter()
-    import jax  # noqa: F401  (imported before timing so every case pays it outside)
+    import jax
     import numpy  # noqa: F401
     import pyarrow  # noqa: F401
 
@@ -394,8 +394,8 @@ def _fmt(x, nd=0, scale=1.0):
 def print_table(cases: dict, ratios: dict, batch_size: int) -> str:
     lines = [
         f"global batch size {batch_size}, {ROW_BYTES} B/row, medians over repeats",
-        f"{'case':<22}{'rows/s':>10}{'MB/s':>9}{'e2e r/s':>9}{'wall s':>8}{'TTFB s':>8}"
-        f"{'RSS MB':>8}{'tree MB':>9}  status",
+        (f"{'case':<22}{'rows/s':>10}{'MB/s':>9}{'e2e r/s':>9}{'wall s':>8}{'TTFB s':>8}"
+         f"{'RSS MB':>8}{'tree MB':>9}  status"),
     ]
     for name, c in cases.items():
         lines.append(
@@ -413,7 +413,7 @@ def print_table(cases: dict, ratios: dict, batch_size: int) -> str:
             tgt = r.get("target", "")
             runs = ", ".join(f"{x:.2f}" for x in r["runs"])
             lines.append(
-                f"{k:<40}{_fmt(v, 2):>8}{str(tgt):>9}  {str(r.get('met', '')):<5} "
+                f"{k:<40}{_fmt(v, 2):>8}{tgt!s:>9}  {r.get('met', '')!s:<5} "
                 f"{_fmt(r.get('e2e_rows_per_s'), 2):>5}  {runs}"
             )
     text = "\n".join(lines)

@@ -27,7 +27,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _benchlib import (  # noqa: E402
+from _benchlib import (
     HERE,
     LOADER_DTYPES,
     ROW_BYTES,
@@ -62,7 +62,7 @@ def host_main(cfg: dict) -> None:
             ray.init(address="local", num_cpus=cfg["cpus"], include_dashboard=False,
                      log_to_driver=False, object_store_memory=512 << 20)
             break
-        except Exception:  # noqa: BLE001 - Ray's 30 s raylet wait on a loaded machine
+        except Exception:
             ray.shutdown()
             if attempt == 2:
                 raise

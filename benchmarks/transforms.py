@@ -49,11 +49,7 @@ from slicefeed.transforms import (
     read_images,
 )
 
-_WORDS = (
-    "slice host chip mesh shard batch token pack step epoch seed data stream arrow "
-    "table column row file bucket prefix manifest commit loader device array tensor "
-    "ray task actor block dataset pipeline transform filter cast select héllo ✓"
-).split()
+_WORDS = ["slice", "host", "chip", "mesh", "shard", "batch", "token", "pack", "step", "epoch", "seed", "data", "stream", "arrow", "table", "column", "row", "file", "bucket", "prefix", "manifest", "commit", "loader", "device", "array", "tensor", "ray", "task", "actor", "block", "dataset", "pipeline", "transform", "filter", "cast", "select", "héllo", "✓"]
 
 
 def make_corpus(n: int, seed: int = 0) -> list[str]:

@@ -8,18 +8,20 @@ bytes for a schema peek or ``slicefeed inspect``. The readers,
 spec's JSON Schema and the CLI all read :data:`FORMATS`; adding a format is one
 :class:`FileFormat` entry here plus its datasource class in ``_readers.py``.
 
-Importing this module does not import Ray (the datasource is named, and
-resolved on first use).
+Importing this module imports neither Ray nor pyarrow (the datasource is
+named, and resolved on first use; parsers import pyarrow when called), so the
+CLI can build its ``--format`` choices without them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import io
-from collections.abc import Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
+if TYPE_CHECKING:  # pragma: no cover
+    import pyarrow as pa
 
 __all__ = ["FORMATS", "FileFormat", "format_of_path", "get_format"]
 
@@ -39,6 +41,8 @@ def _parse_csv(data: bytes, options: Mapping[str, Any]) -> pa.Table:
 
 
 def _parse_text(data: bytes, options: Mapping[str, Any]) -> pa.Table:
+    import pyarrow as pa
+
     lines = data.split(b"\n")
     if data.endswith(b"\n"):
         lines = lines[:-1]

@@ -39,7 +39,7 @@ class ResolvedPath:
     path: str
     protocol: str
 
-    def join(self, *parts: str) -> "ResolvedPath":
+    def join(self, *parts: str) -> ResolvedPath:
         """The resolved path of ``parts`` under this one, on the same filesystem."""
         path = "/".join([self.path.rstrip("/"), *[p.strip("/") for p in parts]])
         return dataclasses.replace(self, uri=self.to_uri(path), path=path)
@@ -63,7 +63,7 @@ def _gcs_filesystem(
 ) -> fsspec.AbstractFileSystem:
     if os.environ.get("STORAGE_EMULATOR_HOST"):
         # gcsfs reads this at import time; against an emulator the experimental
-        # zonal/HNS probe stalls a minute per bucket (DESIGN.md).
+        # zonal/HNS probe stalls a minute per bucket.
         os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
     from slicefeed.connectors._retry import RetryingGCSFileSystem
 

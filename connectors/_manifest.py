@@ -54,6 +54,7 @@ import re
 from typing import Any
 
 import pyarrow as pa
+
 from slicefeed.connectors._errors import CorruptManifestError, NotCommittedError
 from slicefeed.connectors._fs import ResolvedPath, resolve_filesystem
 
@@ -354,7 +355,7 @@ def list_names(d: ResolvedPath) -> list[str]:
             paths = d.fs.ls(d.path, detail=False, refresh=True)
         else:
             paths = d.fs.ls(d.path, detail=False)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # nothing there, or a file
         return []
     return [p.rstrip("/").rsplit("/", 1)[-1] for p in paths]
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 import io
 import json
 import os
-from collections.abc import Mapping
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -322,8 +322,8 @@ def _read_json_lines(
         except pa.ArrowInvalid as e:
             if hi - lo == 1:
                 msg = str(e).splitlines()[0] if str(e) else "type mismatch"
-                bad.append((rows[lo], f"line {linenos[lo]} does not match the types of earlier "
-                                      f"lines ({printable(msg, 200)})", lines[lo]))
+                bad.append((rows[lo], (f"line {linenos[lo]} does not match the types of earlier "
+                                      f"lines ({printable(msg, 200)})"), lines[lo]))
                 continue
         mid = (lo + hi) // 2
         stack += [(mid, hi), (lo, mid)]
@@ -448,8 +448,7 @@ class TextDatasource(_SlicefeedFileDatasource):
                 f"{self._uri(path)}: line {line + 1} (row {line}) is not valid UTF-8 "
                 f"(byte offset {e.start}). {_FIX_HINT}"
             ) from None
-        if text.endswith("\n"):
-            text = text[:-1]
+        text = text.removesuffix("\n")
         lines = pc.split_pattern(pa.array([text]), "\n").flatten() if text else pa.array([], pa.string())
         lines = pc.utf8_rtrim(lines, characters="\r")
         # Provenance first, so _sf_row stays the line index when empty lines are dropped.

@@ -40,7 +40,7 @@ import urllib.parse
 from typing import Any
 
 if os.environ.get("STORAGE_EMULATOR_HOST"):
-    # gcsfs reads this at import time (see _fs.py and DESIGN.md).
+    # gcsfs reads this at import time (see _fs.py).
     os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 import aiohttp
@@ -52,8 +52,8 @@ from slicefeed.connectors._errors import SpecError
 
 __all__ = [
     "DEFAULT_RETRIES",
-    "RetryingGCSFileSystem",
     "TRANSIENT_MARKER",
+    "RetryingGCSFileSystem",
     "configure_ray_data_retries",
 ]
 
@@ -75,7 +75,7 @@ _BASE_REQUEST = gcsfs_undecorated_request()
 _BUCKET_RE = re.compile(r"(?:^|/)b/([^/?]+)(?:/o(?:/([^?]*))?)?")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _retrying_request(retries: int):
     if _BASE_REQUEST is None:
         return gcsfs.GCSFileSystem._request

@@ -27,6 +27,7 @@ import ray
 from ray.data.block import Block, BlockAccessor
 from ray.data.datasource import Datasink
 from ray.data.datasource.datasink import WriteResult
+
 from slicefeed.connectors._commit import (
     SHARD_PREFIX,
     Lease,

@@ -5,6 +5,7 @@ Public API::
     from slicefeed.pipelines import (
         load_pipeline, Pipeline, RunReport,   # specs and batch jobs
         JaxLoader,                            # static-shape jax.Array batches per host
+        JaxLoaderSave, JaxLoaderRestore,      # its state in Orbax checkpoints (orbax extra)
         SliceSpec,                            # TPU slice topology
         preprocessing_placement,              # keep Ray Data's work off TPU hosts
     )
@@ -21,6 +22,8 @@ from slicefeed.pipelines.recipes import RECIPES, recipe_path
 # and importing the package (or running ``slicefeed --help``) needs neither.
 _LAZY = {
     "JaxLoader": "_loader",
+    "JaxLoaderRestore": "_loader._orbax",
+    "JaxLoaderSave": "_loader._orbax",
     "interleave": "_mixture",
     "mixture_report": "_mixture",
     "Pipeline": "_pipeline",
@@ -39,6 +42,7 @@ _LAZY = {
 
 if TYPE_CHECKING:  # pragma: no cover
     from slicefeed.pipelines._loader import JaxLoader
+    from slicefeed.pipelines._loader._orbax import JaxLoaderRestore, JaxLoaderSave
     from slicefeed.pipelines._mixture import interleave, mixture_report
     from slicefeed.pipelines._ops.placement import (
         apply_placement,
@@ -72,8 +76,10 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "JaxLoader",
     "RECIPES",
+    "JaxLoader",
+    "JaxLoaderRestore",
+    "JaxLoaderSave",
     "Pipeline",
     "RunReport",
     "SliceSpec",

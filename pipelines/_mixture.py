@@ -65,7 +65,7 @@ class _Sizes:
         )
 
 
-def _survey(dss: Sequence["ray.data.Dataset"]) -> tuple[list[dict[str, int]], list[pa.Schema | None]]:
+def _survey(dss: Sequence[ray.data.Dataset]) -> tuple[list[dict[str, int]], list[pa.Schema | None]]:
     """Rows per file and the schema of every source, in one Ray execution."""
     parts = [ds.map_batches(_Sizes(i), batch_format="pyarrow", batch_size=None) for i, ds in enumerate(dss)]
     merged = parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
@@ -92,11 +92,11 @@ def plan_counts(sizes: Sequence[int], weights: Sequence[float]) -> list[int]:
 
 
 def interleave(
-    datasets: Sequence["ray.data.Dataset"] | Mapping[str, "ray.data.Dataset"],
+    datasets: Sequence[ray.data.Dataset] | Mapping[str, ray.data.Dataset],
     weights: Sequence[float],
     *,
     seed: int = 0,
-) -> tuple["ray.data.Dataset", dict[str, int]]:
+) -> tuple[ray.data.Dataset, dict[str, int]]:
     """Mixes ``datasets`` in proportion to ``weights``, deterministically by ``seed``.
 
     Args:

@@ -18,14 +18,15 @@ import json
 import os
 import platform
 import time
+from collections.abc import Mapping, Sequence
 from importlib import metadata as _md
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import ray
 
-import slicefeed.connectors as connectors
+from slicefeed import connectors
 from slicefeed.connectors import (
     ERROR_COLUMN,
     PROVENANCE_FILE,
@@ -53,16 +54,16 @@ from slicefeed.connectors import (
     write_atomic,
     write_parquet,
 )
+from slicefeed.connectors._compat import task_retry_args
 from slicefeed.connectors._formats import get_format
 from slicefeed.pipelines import _rerun
 from slicefeed.pipelines._spec import (
-    STORAGE_OPTIONS,
+    PipelineSpec,
+    SourceSpec,
     expand_uri_templates,
-    fingerprint,
     load_spec,
     validate_spec,
 )
-
 
 
 def _versions() -> dict[str, str]:
@@ -75,6 +76,119 @@ def _versions() -> dict[str, str]:
     return out
 
 
+@dataclasses.dataclass
+class TransformCounts:
+    """What one transform of a run did, summed over its batches.
+
+    Attributes:
+        index: Position in the spec's ``transforms`` list.
+        name: The transform's YAML name.
+        reshapes_rows: Whether output rows are not input rows (packing).
+        rows_in / rows_out / rows_bad: Rows in, good rows out, rows marked bad.
+        time_s: Time spent in the transform, summed over tasks (not wall time).
+        slots / tokens: For packed output (``segment_ids``): all slots and
+            non-padding slots.
+    """
+
+    index: int
+    name: str
+    reshapes_rows: bool = False
+    rows_in: int = 0
+    rows_out: int = 0
+    rows_bad: int = 0
+    time_s: float = 0.0
+    slots: int = 0
+    tokens: int = 0
+
+    @property
+    def rows_filtered(self) -> int:
+        """Rows the transform removed (0 for a reshaping transform)."""
+        return 0 if self.reshapes_rows else self.rows_in - self.rows_out - self.rows_bad
+
+    def add(self, other: TransformCounts) -> None:
+        for f in ("rows_in", "rows_out", "rows_bad", "time_s", "slots", "tokens"):
+            setattr(self, f, getattr(self, f) + getattr(other, f))
+
+    def to_report(self) -> dict[str, Any]:
+        """The report's per-transform entry."""
+        out: dict[str, Any] = {"index": self.index, "name": self.name, "rows_in": self.rows_in,
+                               "rows_out": self.rows_out, "rows_bad": self.rows_bad,
+                               "time_s": round(float(self.time_s), 3)}
+        if self.slots:
+            out["packing_efficiency"] = round(self.tokens / self.slots, 4)
+            out["tokens"], out["slots"] = int(self.tokens), int(self.slots)
+        return out
+
+
+@dataclasses.dataclass
+class StageCounts:
+    """Row counts of a run's stages: one batch's report, or the run's total.
+
+    Attributes:
+        rows_read: Rows (and undecodable records) that came from the reader.
+        rows_skipped / rows_quarantined: Bad rows dropped under ``on_error:
+            skip`` / written aside under ``on_error: quarantine``.
+        rows_out / bytes_out: Rows and in-memory Arrow bytes handed to the writer.
+        transforms: Per transform, by its position in the spec.
+    """
+
+    rows_read: int = 0
+    rows_skipped: int = 0
+    rows_quarantined: int = 0
+    rows_out: int = 0
+    bytes_out: int = 0
+    transforms: dict[int, TransformCounts] = dataclasses.field(default_factory=dict)
+    #: Input files that could not be read at all (row count unknown).
+    unreadable: set[str] = dataclasses.field(default_factory=set)
+
+    def __bool__(self) -> bool:
+        return any((self.rows_read, self.rows_skipped, self.rows_quarantined, self.rows_out,
+                    self.bytes_out, self.transforms, self.unreadable))
+
+    @property
+    def rows_bad(self) -> int:
+        return self.rows_skipped + self.rows_quarantined
+
+    def transform(self, index: int, t: Any) -> TransformCounts:
+        """The counts of transform ``t`` at ``index`` (created on first use)."""
+        if index not in self.transforms:
+            self.transforms[index] = TransformCounts(index, t.name, bool(t.reshapes_rows))
+        return self.transforms[index]
+
+    def add(self, other: StageCounts) -> None:
+        """Adds ``other``'s counts to these."""
+        for f in ("rows_read", "rows_skipped", "rows_quarantined", "rows_out", "bytes_out"):
+            setattr(self, f, getattr(self, f) + getattr(other, f))
+        self.unreadable |= other.unreadable
+        for i, tc in other.transforms.items():
+            if i in self.transforms:
+                self.transforms[i].add(tc)
+            else:
+                self.transforms[i] = dataclasses.replace(tc)
+
+    def filtered_by(self) -> dict[str, int]:
+        """Rows removed per transform name (transforms that removed any)."""
+        out: dict[str, int] = {}
+        for tc in self.transforms.values():
+            if tc.rows_filtered:
+                out[tc.name] = out.get(tc.name, 0) + tc.rows_filtered
+        return out
+
+    def reshaped(self) -> dict[str, dict[str, int]]:
+        """``{name: {"rows_in": n, "rows_out": m}}`` of the row-reshaping transforms."""
+        out: dict[str, dict[str, int]] = {}
+        for tc in self.transforms.values():
+            if tc.reshapes_rows:
+                r = out.setdefault(tc.name, {"rows_in": 0, "rows_out": 0})
+                r["rows_in"] += tc.rows_in - tc.rows_bad
+                r["rows_out"] += tc.rows_out
+        return out
+
+    def transform_rows(self) -> list[dict[str, Any]]:
+        """Per transform, in spec order: rows in/out, bad rows, task time, packing efficiency."""
+        return [self.transforms[i].to_report() for i in sorted(self.transforms)]
+
+
 @ray.remote(num_cpus=0)
 class _Counters:
     """Row counts reported by the transform stages of one run.
@@ -85,7 +199,7 @@ class _Counters:
     """
 
     def __init__(self) -> None:
-        self.counts: dict[str, int] = {}
+        self.counts = StageCounts()
         self.seen: set[str] = set()
         # Batches a stage started: key -> [attempts, what the batch holds].
         self.started: dict[str, list[Any]] = {}
@@ -99,16 +213,15 @@ class _Counters:
         out = [(n, what) for k, (n, what) in self.started.items() if k not in self.seen]
         return sorted(out, reverse=True)
 
-    def add(self, delta: dict[str, int], key: str | None = None) -> None:
+    def add(self, delta: StageCounts, key: str | None = None) -> None:
         if key is not None:
             if key in self.seen:
                 return
             self.seen.add(key)
-        for k, v in delta.items():
-            self.counts[k] = self.counts.get(k, 0) + v
+        self.counts.add(delta)
 
-    def get(self) -> dict[str, int]:
-        return dict(self.counts)
+    def get(self) -> StageCounts:
+        return self.counts
 
 
 def _batch_key(stage: str, table: pa.Table) -> str | None:
@@ -169,13 +282,15 @@ class _Stage:
         self.count_input = count_input
         self.stage_id = stage_id or ("read" if count_input else "+".join(t.name for t in self.transforms))
 
-    def _handle_bad(self, bad: pa.Table, what: Any, delta: dict[str, int]) -> None:
+    def _handle_bad(self, bad: pa.Table, what: Any, delta: StageCounts) -> None:
         from slicefeed.transforms import bad_record_error
 
         if self.on_error == "fail":
             raise bad_record_error(bad, what)
-        key = "rows_quarantined" if self.on_error == "quarantine" else "rows_skipped"
-        delta[key] = delta.get(key, 0) + bad.num_rows
+        if self.on_error == "quarantine":
+            delta.rows_quarantined += bad.num_rows
+        else:
+            delta.rows_skipped += bad.num_rows
         if self.on_error == "quarantine" and self.quarantine is not None:
             self._quarantine(bad, what if isinstance(what, str) else what.name)
 
@@ -187,7 +302,7 @@ class _Stage:
             # Recorded before the transforms run, so a batch that kills its
             # worker is known to the driver by its files and transforms.
             ray.get(self.counters.begin.remote(key, _describe_batch(table, self.transforms)))
-        delta: dict[str, int] = {}
+        delta = StageCounts()
         if self.count_input:
             # Records the reader could not decode (mark_errors=True).
             table, bad = split_errors(table)
@@ -195,10 +310,9 @@ class _Stage:
             if unreadable is not None:
                 # A file whose row count is unknown: no error budget can
                 # cover it (before_commit fails the run), and it is not rows.
-                for f in set(bad.column(PROVENANCE_FILE).filter(unreadable).to_pylist()):
-                    delta[f"unreadable:{f}"] = 1
+                delta.unreadable.update(bad.column(PROVENANCE_FILE).filter(unreadable).to_pylist())
                 bad = bad.filter(pc.invert(unreadable))
-            delta["rows_read"] = table.num_rows + bad.num_rows
+            delta.rows_read = table.num_rows + bad.num_rows
             if bad.num_rows:
                 self._handle_bad(bad, "read", delta)
             if RAW_COLUMN in table.column_names:
@@ -211,23 +325,16 @@ class _Stage:
             n_in = table.num_rows
             t0 = time.perf_counter()
             table, bad = split_errors(t(table))
-            tkey = f"t:{self.first_index + i}:{t.name}"
-            for k, v in (("in", n_in), ("out", table.num_rows), ("bad", bad.num_rows),
-                         ("time_s", time.perf_counter() - t0)):
-                delta[f"{tkey}:{k}"] = delta.get(f"{tkey}:{k}", 0) + v
-            if t.reshapes_rows:
-                for k, v in _padding_counts(table).items():
-                    delta[f"{tkey}:{k}"] = delta.get(f"{tkey}:{k}", 0) + v
-            if bad.num_rows:
-                self._handle_bad(bad, t, delta)
+            tc = delta.transform(self.first_index + i, t)
+            tc.rows_in += n_in
+            tc.rows_out += table.num_rows
+            tc.rows_bad += bad.num_rows
+            tc.time_s += time.perf_counter() - t0
             if t.reshapes_rows:
                 # Packing merges and splits rows: what goes in is not "filtered".
-                for k, v in (("in", n_in - bad.num_rows), ("out", table.num_rows)):
-                    delta[f"reshaped:{t.name}:{k}"] = delta.get(f"reshaped:{t.name}:{k}", 0) + v
-            else:
-                delta[f"filtered:{t.name}"] = delta.get(f"filtered:{t.name}", 0) + (
-                    n_in - table.num_rows - bad.num_rows
-                )
+                tc.slots, tc.tokens = _padding_counts(table)
+            if bad.num_rows:
+                self._handle_bad(bad, t, delta)
         if self.counters is not None and delta:
             ray.get(self.counters.add.remote(delta, key))
         return table
@@ -338,7 +445,8 @@ class Pipeline:
     """A validated pipeline spec.
 
     Args:
-        spec: A spec dict (see :mod:`slicefeed.pipelines._spec`); validated here.
+        spec: A spec dict (see :mod:`slicefeed.pipelines._spec`), validated and
+            typed here: :attr:`spec` is the resulting frozen :class:`PipelineSpec`.
         source_name: Where the spec came from, for error messages.
         date: Fixes ``{date}``/``{datetime}`` in source and sink URIs
             (``YYYY-MM-DD``, a date or a datetime; default: now, UTC).
@@ -353,18 +461,19 @@ class Pipeline:
 
     def __init__(self, spec: Mapping[str, Any], *, source_name: str = "pipeline spec",
                  date: Any = None, expand_templates: bool = True):
-        self.spec = validate_spec(spec, source=source_name)
+        checked = validate_spec(spec, source=source_name)
         if expand_templates:
-            self.spec = expand_uri_templates(self.spec, when=date, source=source_name)
+            checked = expand_uri_templates(checked, when=date, source=source_name)
+        #: The validated spec, typed (built once, here).
+        self.spec: PipelineSpec = PipelineSpec.from_dict(checked)
         self.source_name = source_name
         from slicefeed.transforms import transform_from_spec
 
-        seed = int(self.spec["seed"])
         #: Rows taken from each source of a mixture (``sources:``), once built.
         self.mixture_counts: dict[str, int] = {}
         self.transforms = [
-            self._bind_storage(transform_from_spec(item).with_seed(seed))
-            for item in self.spec["transforms"]
+            self._bind_storage(transform_from_spec(item).with_seed(self.spec.seed))
+            for item in self.spec.transforms
         ]
 
     def _bind_storage(self, t: Any) -> Any:
@@ -374,17 +483,17 @@ class Pipeline:
         if bind is None:
             return t
         try:
-            return bind([(s["uri"], self._storage(s)) for s in self._sources()])
+            return bind([(s.uri, dict(s.storage)) for s in self.spec.sources])
         except SpecError as e:
             raise SpecError(f"{self.source_name}: {e}") from None
 
     @property
     def name(self) -> str:
-        return self.spec["name"]
+        return self.spec.name
 
     @property
     def fingerprint(self) -> str:
-        return fingerprint(self.spec)
+        return self.spec.fingerprint
 
     # -- sources --------------------------------------------------------------
 
@@ -393,15 +502,7 @@ class Pipeline:
             return {}
         from slicefeed.pipelines._mixture import mixture_report
 
-        return mixture_report(self.mixture_counts,
-                              [float(s.get("weight", 1.0)) for s in self._sources()])
-
-    def _sources(self) -> list[dict[str, Any]]:
-        return [self.spec["source"]] if "source" in self.spec else list(self.spec["sources"])
-
-    @staticmethod
-    def _storage(src: Mapping[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in (src.get("storage") or {}).items() if k in STORAGE_OPTIONS}
+        return mixture_report(self.mixture_counts, [s.weight for s in self.spec.sources])
 
     def _retries(self) -> dict[str, Any]:
         """Ray remote args bounding the reruns of a task whose worker died.
@@ -410,52 +511,54 @@ class Pipeline:
         record that kills its worker every time (a segfault, an OOM kill)
         would make the run loop. Exceptions are not retried either way.
         """
-        return {"max_retries": int(self.spec.get("task_retries", 2))}
+        return {"max_retries": self.spec.task_retries}
 
-    def _read_source(self, src: Mapping[str, Any], shard: tuple[int, int] | None = None) -> ray.data.Dataset:
-        opts = dict(src.get("options") or {})
-        if src["format"] == "dataset":
-            return read_dataset(src["uri"], provenance=True, shard=shard, **opts, **self._storage(src),
-                                ray_remote_args=self._retries())
-        reader = getattr(connectors, get_format(src["format"]).reader)
-        return reader(
-            src["uri"], provenance=True, mark_errors=self.spec["on_error"] != "fail",
-            shard=shard, **opts, **self._storage(src), ray_remote_args=self._retries(),
-        )
+    def _read_source(self, src: SourceSpec, shard: tuple[int, int] | None = None) -> ray.data.Dataset:
+        opts = dict(src.options)
+        if src.format == "dataset":
+            with task_retry_args():
+                return read_dataset(src.uri, provenance=True, shard=shard, **opts, **src.storage,
+                                    ray_remote_args=self._retries())
+        reader = getattr(connectors, get_format(src.format).reader)
+        with task_retry_args():
+            return reader(
+                src.uri, provenance=True, mark_errors=self.spec.on_error != "fail",
+                shard=shard, **opts, **src.storage, ray_remote_args=self._retries(),
+            )
 
     def source_schema(self) -> pa.Schema:
         """Schema of the (first) source, read from one file's metadata, without Ray."""
-        src = self._sources()[0]
-        opts = dict(src.get("options") or {})
-        if src["format"] == "dataset":
-            schema = read_manifest(src["uri"], **self._storage(src)).schema
+        src = self.spec.sources[0]
+        opts = src.options
+        if src.format == "dataset":
+            schema = read_manifest(src.uri, **src.storage).schema
             cols = opts.get("columns")
             missing = [c for c in cols or () if c not in schema.names]
             if missing:
                 raise MissingColumnError(
-                    f"{src['uri']}: column(s) {missing} not in the dataset; available: "
+                    f"{src.uri}: column(s) {missing} not in the dataset; available: "
                     f"{', '.join(schema.names)}. Fix `columns` in the source options."
                 )
             schema = pa.schema([schema.field(c) for c in cols]) if cols else schema
             return schema.append(pa.field(PROVENANCE_FILE, pa.string())).append(
                 pa.field(PROVENANCE_ROW, pa.int64()))
-        return peek_schema(src["format"], src["uri"], columns=opts.get("columns"),
-                           provenance=True, mark_errors=self.spec["on_error"] != "fail",
-                           options=opts, **self._storage(src))
+        return peek_schema(src.format, src.uri, columns=opts.get("columns"),
+                           provenance=True, mark_errors=self.spec.on_error != "fail",
+                           options=opts, **src.storage)
 
     def _source_sizes(self) -> list[dict[str, Any]]:
         """uri, format, file count and input bytes of each source (for the report)."""
         from slicefeed.connectors import expand_paths
 
         out = []
-        for src in self._sources():
-            entry: dict[str, Any] = {"uri": src["uri"], "format": src["format"], "files": 0, "bytes": 0}
+        for src in self.spec.sources:
+            entry: dict[str, Any] = {"uri": src.uri, "format": src.format, "files": 0, "bytes": 0}
             try:
-                if src["format"] == "dataset":
-                    m = read_manifest(src["uri"], **self._storage(src))
+                if src.format == "dataset":
+                    m = read_manifest(src.uri, **src.storage)
                     entry.update(files=len(m.files), bytes=m.num_bytes)
                 else:
-                    r = resolve_filesystem(src["uri"], **self._storage(src))
+                    r = resolve_filesystem(src.uri, **src.storage)
                     paths = expand_paths(r)
                     entry.update(files=len(paths), bytes=int(sum(r.fs.size(p) or 0 for p in paths)))
             except (OSError, ValueError):  # informative only
@@ -469,10 +572,9 @@ class Pipeline:
         Raises:
             SpecError: naming the sink and the source.
         """
-        if "sink" in self.spec:
+        if self.spec.sink is not None:
             check_sink_outside_sources(
-                self.spec["sink"]["uri"], [s["uri"] for s in self._sources()],
-                where=self.source_name,
+                self.spec.sink.uri, [s.uri for s in self.spec.sources], where=self.source_name,
             )
 
     def input_listing(self) -> tuple[InputFile, ...]:
@@ -480,7 +582,7 @@ class Pipeline:
 
         Stored in the manifest beside the fingerprint.
         """
-        return list_inputs([(s["uri"], s["format"], self._storage(s)) for s in self._sources()])
+        return list_inputs([(s.uri, s.format, dict(s.storage)) for s in self.spec.sources])
 
     def check(self) -> pa.Schema:
         """Checks the sink and the transforms against the source schema; returns the output schema.
@@ -504,25 +606,25 @@ class Pipeline:
 
     def _build(self, transforms: Sequence[Any], *, counters: Any = None, quarantine: Any = None,
                shard: tuple[int, int] | None = None) -> ray.data.Dataset:
-        srcs = self._sources()
+        srcs = self.spec.sources
         if len(srcs) == 1:
             ds = self._read_source(srcs[0], shard)
         else:
             from slicefeed.pipelines._mixture import interleave
 
-            names = [str(s.get("name", i)) for i, s in enumerate(srcs)]
             ds, self.mixture_counts = interleave(
-                {n: self._read_source(s, shard) for n, s in zip(names, srcs)},
-                [float(s.get("weight", 1.0)) for s in srcs],
-                seed=int(self.spec["seed"]),
+                {n: self._read_source(s, shard) for n, s in zip(self.spec.source_names, srcs)},
+                [s.weight for s in srcs],
+                seed=self.spec.seed,
             )
-        on_error = self.spec["on_error"]
+        on_error = self.spec.on_error
         retries = self._retries()
-        ds = ds.map_batches(
-            _Stage([], on_error=on_error, counters=counters, quarantine=quarantine,
-                   count_input=True),
-            batch_format="pyarrow", zero_copy_batch=True, **retries,
-        )
+        with task_retry_args():
+            ds = ds.map_batches(
+                _Stage([], on_error=on_error, counters=counters, quarantine=quarantine,
+                       count_input=True),
+                batch_format="pyarrow", zero_copy_batch=True, **retries,
+            )
         group: list[Any] = []
         n_stages = [0]
         first = [0]
@@ -530,12 +632,14 @@ class Pipeline:
         def flush(ds: ray.data.Dataset) -> ray.data.Dataset:
             if group:
                 n_stages[0] += 1
-                ds = ds.map_batches(
-                    _Stage(list(group), on_error=on_error, counters=counters, quarantine=quarantine,
-                           stage_id=f"{n_stages[0]}:" + "+".join(t.name for t in group),
-                           first_index=first[0]),
-                    batch_format="pyarrow", zero_copy_batch=True, **retries,
-                )
+                with task_retry_args():
+                    ds = ds.map_batches(
+                        _Stage(list(group), on_error=on_error, counters=counters,
+                               quarantine=quarantine,
+                               stage_id=f"{n_stages[0]}:" + "+".join(t.name for t in group),
+                               first_index=first[0]),
+                        batch_format="pyarrow", zero_copy_batch=True, **retries,
+                    )
                 group.clear()
             return ds
 
@@ -559,9 +663,8 @@ class Pipeline:
             fitted.append(t)
         return fitted
 
-    def dataset(self, *, keep_provenance: bool = False, shard: tuple[int, int] | None = None,
-                _counters: Any = None, _quarantine: Any = None,
-                _fitted: Sequence[Any] | None = None) -> ray.data.Dataset:
+    def dataset(self, *, keep_provenance: bool = False,
+                shard: tuple[int, int] | None = None) -> ray.data.Dataset:
         """The lazy ``ray.data.Dataset`` this pipeline produces (nothing is written).
 
         Transforms that need statistics (``needs_fit``) are fitted here, on all
@@ -576,18 +679,22 @@ class Pipeline:
             SpecError: a source with fewer files than ``count``.
         """
         self.check()
-        transforms = list(_fitted) if _fitted is not None else self._fitted()
-        ds = self._build(transforms, counters=_counters, quarantine=_quarantine, shard=shard)
+        return self._dataset(self._fitted(), keep_provenance=keep_provenance, shard=shard)
+
+    def _dataset(self, fitted: Sequence[Any], *, keep_provenance: bool = False,
+                 counters: Any = None, quarantine: Any = None,
+                 shard: tuple[int, int] | None = None) -> ray.data.Dataset:
+        """:meth:`dataset` from already fitted transforms, reporting to ``counters``."""
+        ds = self._build(fitted, counters=counters, quarantine=quarantine, shard=shard)
         if not keep_provenance:
-            ds = ds.map_batches(_drop_provenance if _counters is None else _Output(_counters),
+            ds = ds.map_batches(_drop_provenance if counters is None else _Output(counters),
                                 batch_format="pyarrow", zero_copy_batch=True)
-        # Same input, seed and plan -> the same rows in the same order (DESIGN.md #3).
+        # Same input, seed and plan -> the same rows in the same order.
         ds.context.execution_options.preserve_order = True
-        placement = (self.spec.get("placement") or {}).get("preprocess_on")
-        if placement:
+        if self.spec.preprocess_on:
             from slicefeed.pipelines._ops.placement import apply_placement
 
-            apply_placement(ds.context, placement)
+            apply_placement(ds.context, self.spec.preprocess_on)
         return ds
 
     # -- batch run -------------------------------------------------------------------
@@ -598,7 +705,7 @@ class Pipeline:
             crashed = ray.get(counters.crashed.remote(), timeout=30)
         except Exception:  # noqa: BLE001 - the original error is reported instead
             return None
-        retries = int(self.spec.get("task_retries", 2))
+        retries = self.spec.task_retries
         dead = [(n, what) for n, what in crashed if n > retries]
         if not dead:
             return None
@@ -637,12 +744,12 @@ class Pipeline:
                 or this pipeline's from other input; the message says what
                 changed and how to proceed.
         """
-        if "sink" not in self.spec:
+        sink = self.spec.sink
+        if sink is None:
             raise SpecError(f"{self.source_name}: missing required key 'sink' (format and uri) "
                             "to run; use dataset() for a pipeline without a sink.")
-        sink = self.spec["sink"]
         self.check_sink()
-        target = resolve_filesystem(sink["uri"], **self._storage(sink))
+        target = resolve_filesystem(sink.uri, **sink.storage)
         parts, inputs = self.fingerprint_parts()
         self._decided = (parts, inputs)
         fp = _rerun.combine(parts)
@@ -665,7 +772,7 @@ class Pipeline:
             f"{target.uri} is committed by this pipeline from other input: "
             f"{'; '.join(reasons)}. Pass --overwrite (Pipeline.run(overwrite=True)) to recompute "
             f"it in place, or give each run its own dataset with a dated sink "
-            f"(--set 'sink.uri={_rerun.dated(sink['uri'])}')."
+            f"(--set 'sink.uri={_rerun.dated(sink.uri)}')."
         )
 
     def run(self, *, overwrite: bool = False, progress: bool = False,
@@ -689,13 +796,13 @@ class Pipeline:
             BadRecordError: a bad record under ``on_error: fail``, or more bad
                 records than ``max_error_fraction`` allows.
         """
-        if "sink" not in self.spec:
+        sink = self.spec.sink
+        if sink is None:
             raise SpecError(f"{self.source_name}: missing required key 'sink' (format and uri) "
                             "to run; use dataset() for a pipeline without a sink.")
-        sink = self.spec["sink"]
         self.check_sink()
-        storage = self._storage(sink)
-        target = resolve_filesystem(sink["uri"], **storage)
+        storage = dict(sink.storage)
+        target = resolve_filesystem(sink.uri, **storage)
         decided = self.decide(overwrite=overwrite)
         if decided is not None:
             return decided
@@ -709,16 +816,16 @@ class Pipeline:
         # and recorded in its manifest version: a failed or losing run leaves
         # the committed version's report and quarantine alone.
         writer = new_writer_id()
-        quarantine_rel = f"{QUARANTINE_DIR}/{writer}" if self.spec["on_error"] == "quarantine" else None
+        quarantine_rel = f"{QUARANTINE_DIR}/{writer}" if self.spec.on_error == "quarantine" else None
         quarantine = target.join(quarantine_rel) if quarantine_rel else None
         report_rel = f"{REPORTS_DIR}/{writer}.json"
-        ds = self.dataset(_counters=counters, _quarantine=quarantine, _fitted=fitted)
+        ds = self._dataset(fitted, counters=counters, quarantine=quarantine)
         fit_stats = {f"{i}:{t.name}": t.stats() for i, t in enumerate(fitted) if t.stats()}
-        max_frac = float(self.spec["max_error_fraction"])
+        max_frac = self.spec.max_error_fraction
 
         def before_commit(manifest: Manifest) -> None:
-            c = ray.get(counters.get.remote())
-            unreadable = sorted(k.split(":", 1)[1] for k in c if k.startswith("unreadable:"))
+            c: StageCounts = ray.get(counters.get.remote())
+            unreadable = sorted(c.unreadable)
             if unreadable:
                 raise BadRecordError(
                     f"{self.name}: {len(unreadable)} input file(s) could not be read at all "
@@ -727,8 +834,7 @@ class Pipeline:
                     "no max_error_fraction can cover them; nothing was committed. Replace or "
                     "remove them and rerun."
                 )
-            bad = c.get("rows_skipped", 0) + c.get("rows_quarantined", 0)
-            read = c.get("rows_read", 0)
+            bad, read = c.rows_bad, c.rows_read
             if read and bad / read > max_frac:
                 raise BadRecordError(
                     f"{self.name}: {bad} of {read} rows were bad ({bad / read:.2%}), more than "
@@ -739,10 +845,10 @@ class Pipeline:
         def write() -> Manifest:
             return write_parquet(
                 ds, target.uri, fingerprint=fp, overwrite=overwrite,
-                metadata={"pipeline": self.name, "seed": self.spec["seed"], "fit_stats": fit_stats,
+                metadata={"pipeline": self.name, "seed": self.spec.seed, "fit_stats": fit_stats,
                           _rerun.PARTS_KEY: parts},
                 before_commit=before_commit, inputs=inputs, writer_id=writer, report=report_rel,
-                quarantine=quarantine_rel, **dict(sink.get("options") or {}), **storage,
+                quarantine=quarantine_rel, **dict(sink.options), **storage,
             )
 
         try:
@@ -771,24 +877,19 @@ class Pipeline:
                 raise
             raise crash from None
         wall = time.perf_counter() - t0
-        c = ray.get(counters.get.remote())
+        c: StageCounts = ray.get(counters.get.remote())
         ray.kill(counters)
         sources = self._source_sizes()
         if len(sources) == 1:
-            sources[0]["rows_read"] = c.get("rows_read", 0)
+            sources[0]["rows_read"] = c.rows_read
         mixture = self._mixture_report()
-        for i, (src, spec_src) in enumerate(zip(sources, self._sources())):
-            name = str(spec_src.get("name", i))
+        for src, name in zip(sources, self.spec.source_names):
             if name in mixture:
                 src.update(name=name, **mixture[name])
-        skipped, quarantined = c.get("rows_skipped", 0), c.get("rows_quarantined", 0)
-        filtered_by = {k.split(":", 1)[1]: v for k, v in c.items() if k.startswith("filtered:") and v}
-        reshaped: dict[str, dict[str, int]] = {}
-        for k, v in c.items():
-            if k.startswith("reshaped:"):
-                _, tname, io = k.split(":")
-                reshaped.setdefault(tname, {})[f"rows_{io}"] = v
-        read = c.get("rows_read", 0)
+        skipped, quarantined = c.rows_skipped, c.rows_quarantined
+        filtered_by = c.filtered_by()
+        reshaped = c.reshaped()
+        read = c.rows_read
         report = RunReport(
             name=self.name, status="committed", sink=target.uri, fingerprint=fp,
             rows_read=read, rows_written=manifest.num_rows,
@@ -807,7 +908,7 @@ class Pipeline:
             fit_stats=fit_stats, ray_stats=_ray_stats(ds),
             sources=sources, bytes_read=sum(src["bytes"] for src in sources),
             run_id=manifest.metadata.get("run_id", ""),
-            transforms=transform_rows(c), bytes_in_memory=int(c.get("bytes_out", 0)),
+            transforms=c.transform_rows(), bytes_in_memory=c.bytes_out,
         )
         doc = json.dumps(report.to_dict(), indent=2, default=str).encode()
         write_atomic(target.join(report_rel), doc)
@@ -856,7 +957,7 @@ def _already_committed(name: str, uri: str, fp: str, m: Manifest) -> RunReport:
 def _ray_stats(ds: ray.data.Dataset) -> str:
     try:
         return ds.stats()
-    except Exception:  # stats are informative only
+    except Exception:  # noqa: BLE001 - stats are informative only
         return ""
 
 
@@ -876,52 +977,21 @@ class _Output:
         table = _drop_provenance(table)
         if table.num_rows:
             ray.get(self.counters.add.remote(
-                {"rows_out": table.num_rows, "bytes_out": table.nbytes}, key))
+                StageCounts(rows_out=table.num_rows, bytes_out=table.nbytes), key))
         return table
 
 
-def _padding_counts(table: pa.Table) -> dict[str, int]:
-    """Slots and non-padding slots of a packed batch (``segment_ids`` 0 = padding)."""
+def _padding_counts(table: pa.Table) -> tuple[int, int]:
+    """(slots, non-padding slots) of a packed batch (``segment_ids`` 0 = padding)."""
     import pyarrow.compute as pc
 
     if "segment_ids" not in table.column_names or table.num_rows == 0:
-        return {}
+        return 0, 0
     col = table.column("segment_ids")
     if not pa.types.is_fixed_size_list(col.type) and not pa.types.is_list(col.type):
-        return {}
+        return 0, 0
     values = pc.list_flatten(col)
-    return {"slots": len(values),
-            "tokens": int(pc.sum(pc.not_equal(values, 0)).as_py() or 0)}
-
-
-def transform_rows(counts: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Per-transform rows in/out, bad rows and task time from a run's stage counters.
-
-    ``time_s`` is the time spent in the transform summed over all tasks (CPU
-    time across workers, not wall time). A packing transform (output column
-    ``segment_ids``) also gets ``packing_efficiency``: non-padding slots over
-    all slots of its output rows.
-    """
-    by: dict[int, dict[str, Any]] = {}
-    for k, v in counts.items():
-        if not k.startswith("t:"):
-            continue
-        _, idx, name, field = k.split(":", 3)
-        entry = by.setdefault(int(idx), {"index": int(idx), "name": name, "rows_in": 0,
-                                         "rows_out": 0, "rows_bad": 0, "time_s": 0.0})
-        key = {"in": "rows_in", "out": "rows_out", "bad": "rows_bad"}.get(field, field)
-        entry[key] = entry.get(key, 0) + v
-    out = []
-    for idx in sorted(by):
-        e = by[idx]
-        e["time_s"] = round(float(e["time_s"]), 3)
-        slots = e.pop("slots", None)
-        tokens = e.pop("tokens", None)
-        if slots:
-            e["packing_efficiency"] = round(tokens / slots, 4)
-            e["tokens"], e["slots"] = int(tokens), int(slots)
-        out.append(e)
-    return out
+    return len(values), int(pc.sum(pc.not_equal(values, 0)).as_py() or 0)
 
 
 def load_pipeline(path: str | os.PathLike[str], overrides: Sequence[str] | Mapping[str, Any] | None = None,

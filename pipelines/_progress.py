@@ -16,21 +16,22 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
-from typing import Any, Self, TextIO
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Self, TextIO
+
+if TYPE_CHECKING:  # pragma: no cover
+    from slicefeed.pipelines._pipeline import StageCounts
 
 
-def progress_line(name: str, counts: Mapping[str, Any], elapsed: float) -> str:
-    """One progress line from stage counters (see ``transform_rows``)."""
-    from slicefeed.pipelines._pipeline import transform_rows
-
-    parts = [f"{name}: {int(counts.get('rows_read', 0)):,} rows read"]
-    for t in transform_rows(counts):
+def progress_line(name: str, counts: StageCounts, elapsed: float) -> str:
+    """One progress line from a run's stage counters."""
+    parts = [f"{name}: {counts.rows_read:,} rows read"]
+    for t in counts.transform_rows():
         if t["rows_out"] != t["rows_in"]:
             parts.append(f"{t['name']} {t['rows_in']:,} -> {t['rows_out']:,}")
         else:
             parts.append(f"{t['name']} {t['rows_in']:,}")
-    parts.append(f"written {int(counts.get('rows_out', 0)):,}")
+    parts.append(f"written {counts.rows_out:,}")
     parts.append(f"{elapsed:.1f} s")
     return " | ".join(parts)
 
@@ -46,7 +47,7 @@ class Progress:
         interval: Seconds between updates (default 1 on a terminal, 10 otherwise).
     """
 
-    def __init__(self, name: str, poll: Callable[[], Mapping[str, Any]], *,
+    def __init__(self, name: str, poll: Callable[[], StageCounts], *,
                  stream: TextIO | None = None, interval: float | None = None):
         self.name = name
         self.poll = poll

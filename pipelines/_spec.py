@@ -1,4 +1,8 @@
-"""Pipeline specs: YAML in, a validated plain dict out, before any Ray work.
+"""Pipeline specs: YAML in, validated (JSON Schema) and typed, before any Ray work.
+
+:func:`load_spec` / :func:`validate_spec` return the validated plain dict;
+:func:`parse_spec` returns it as a frozen :class:`PipelineSpec` (with
+:class:`SourceSpec` / :class:`SinkSpec`), which is what a ``Pipeline`` reads.
 
 A spec::
 
@@ -41,13 +45,15 @@ seeds, codecs, duplicate source names) are checked here too.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime as _dt
 import hashlib
 import json
 import math
 import os
 import re
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jsonschema
 import yaml
@@ -384,6 +390,141 @@ def validate_spec(spec: Any, *, source: str = "pipeline spec") -> dict[str, Any]
     return spec
 
 
+# -- typed specs ----------------------------------------------------------------
+
+
+def _copy(d: Mapping[str, Any] | None) -> dict[str, Any]:
+    # A private deep copy: the typed spec never aliases the caller's dict.
+    return copy.deepcopy(dict(d or {}))
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceSpec:
+    """One source: a registry file format (or ``dataset``) at ``uri``.
+
+    Attributes:
+        format: ``parquet``, ``jsonl``, ``csv``, ``text`` or ``dataset``.
+        uri: Where the data is (local path, ``gs://``, a glob).
+        options: Reader options (validated against the format's allowed keys).
+        storage: ``credentials`` / ``anonymous`` / ``project`` for the filesystem.
+        name: The source's name in a mixture (default: its index).
+        weight: Its mixture weight (default 1).
+    """
+
+    format: str
+    uri: str
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    storage: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    name: str | None = None
+    weight: float = 1.0
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SourceSpec:
+        return cls(
+            format=d["format"], uri=d["uri"], options=_copy(d.get("options")),
+            storage=_copy({k: v for k, v in (d.get("storage") or {}).items() if k in STORAGE_OPTIONS}),
+            name=d.get("name"), weight=float(d.get("weight", 1.0)),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class SinkSpec:
+    """Where ``run`` commits its output: a Parquet dataset at ``uri``."""
+
+    format: str
+    uri: str
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    storage: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SinkSpec:
+        return cls(
+            format=d["format"], uri=d["uri"], options=_copy(d.get("options")),
+            storage=_copy({k: v for k, v in (d.get("storage") or {}).items() if k in STORAGE_OPTIONS}),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineSpec:
+    """A validated pipeline spec, typed; built once by :func:`parse_spec`.
+
+    Attributes:
+        name: Pipeline name.
+        seed: Seed of every random transform and of mixtures.
+        sources: One source, or the sources of a weighted mixture.
+        is_mixture: Whether the spec gave ``sources:`` (a mixture).
+        transforms: The transform items as written (``{name: {arg: value}}``).
+        sink: Where ``run`` commits; None for a spec used only for ``dataset()``.
+        on_error: One of :data:`ON_ERROR_POLICIES`.
+        max_error_fraction: Bad rows allowed, as a fraction of rows read.
+        preprocess_on: Placement of Ray Data's work (``cpu_only``/``any``) or None.
+        task_retries: Reruns of a task whose worker died.
+        fingerprint: SHA-256 of what determines the output (see :func:`fingerprint`).
+    """
+
+    name: str
+    seed: int
+    sources: tuple[SourceSpec, ...]
+    is_mixture: bool
+    transforms: tuple[Any, ...]
+    sink: SinkSpec | None
+    on_error: str
+    max_error_fraction: float
+    preprocess_on: str | None
+    fingerprint: str
+    #: Reruns of a task whose worker died (Ray's ``max_retries``).
+    task_retries: int = 2
+    description: str = ""
+    #: The validated dict it was built from (what :func:`validate_spec` returns).
+    raw: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+
+    # Read access by key, for code written against the validated dict
+    # (``spec["sink"]["uri"]``); slicefeed itself reads the attributes.
+    def __getitem__(self, key: str) -> Any:
+        return self.raw[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.raw
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.raw.get(key, default)
+
+    @classmethod
+    def from_dict(cls, spec: Mapping[str, Any]) -> PipelineSpec:
+        """From a dict that :func:`validate_spec` returned."""
+        mixture = "sources" in spec
+        raw_sources = spec["sources"] if mixture else [spec["source"]]
+        return cls(
+            name=spec["name"],
+            seed=int(spec["seed"]),
+            sources=tuple(SourceSpec.from_dict(s) for s in raw_sources),
+            is_mixture=mixture,
+            transforms=tuple(copy.deepcopy(spec["transforms"])),
+            sink=SinkSpec.from_dict(spec["sink"]) if "sink" in spec else None,
+            on_error=spec["on_error"],
+            max_error_fraction=float(spec["max_error_fraction"]),
+            preprocess_on=(spec.get("placement") or {}).get("preprocess_on"),
+            fingerprint=fingerprint(spec),
+            task_retries=int(spec.get("task_retries", 2)),
+            description=spec.get("description", ""),
+            raw=copy.deepcopy(dict(spec)),
+        )
+
+    @property
+    def source_names(self) -> list[str]:
+        """Each source's name in a mixture (its index when unnamed)."""
+        return [s.name if s.name is not None else str(i) for i, s in enumerate(self.sources)]
+
+
+def parse_spec(spec: Any, *, source: str = "pipeline spec") -> PipelineSpec:
+    """Validates a spec dict (as :func:`validate_spec`) and returns it typed.
+
+    Raises:
+        SpecError: naming the offending key and the allowed values.
+    """
+    return PipelineSpec.from_dict(validate_spec(spec, source=source))
+
+
 def apply_overrides(spec: dict[str, Any], overrides: Sequence[str] | Mapping[str, Any] | None) -> dict[str, Any]:
     """Applies ``key.path=value`` overrides (values parsed as YAML scalars/lists).
 
@@ -541,16 +682,16 @@ def parse_run_date(when: _dt.datetime | _dt.date | str | None) -> _dt.datetime:
         SpecError: ``when`` is not a ``YYYY-MM-DD`` date.
     """
     if when is None:
-        return _dt.datetime.now(_dt.timezone.utc)
+        return _dt.datetime.now(_dt.UTC)
     if isinstance(when, _dt.datetime):
-        return when.astimezone(_dt.timezone.utc) if when.tzinfo else when.replace(
-            tzinfo=_dt.timezone.utc)
+        return when.astimezone(_dt.UTC) if when.tzinfo else when.replace(
+            tzinfo=_dt.UTC)
     if isinstance(when, _dt.date):
-        return _dt.datetime(when.year, when.month, when.day, tzinfo=_dt.timezone.utc)
+        return _dt.datetime(when.year, when.month, when.day, tzinfo=_dt.UTC)
     try:
         d = _dt.date.fromisoformat(str(when))
         if len(str(when)) != 10:
             raise ValueError
     except ValueError:
         raise SpecError(f"--date {str(when)[:40]!r}: expected YYYY-MM-DD, e.g. 2026-11-30.") from None
-    return _dt.datetime(d.year, d.month, d.day, tzinfo=_dt.timezone.utc)
+    return _dt.datetime(d.year, d.month, d.day, tzinfo=_dt.UTC)

@@ -33,6 +33,7 @@ import struct
 import threading
 import time
 import urllib.parse
+from typing import Self
 
 #: Fault kinds the proxy can inject at random.
 FAULTS = ("503", "429", "reset_before", "reset_mid", "delay")
@@ -129,7 +130,7 @@ class FaultProxy:
     def injected_total(self) -> int:
         return sum(self.injected.values())
 
-    def start(self) -> "FaultProxy":
+    def start(self) -> FaultProxy:
         proxy = self
 
         class Handler(_ProxyHandler):
@@ -156,7 +157,7 @@ class FaultProxy:
             server.shutdown()
             server.server_close()
 
-    def __enter__(self) -> "FaultProxy":
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -189,7 +190,7 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
     _head_length: str | None = None
     protocol_version = "HTTP/1.1"  # keep-alive, as gcsfs's aiohttp session expects
 
-    def log_message(self, format, *args):  # noqa: A002 - silence stderr logging
+    def log_message(self, format, *args):
         pass
 
     def setup(self) -> None:
@@ -290,10 +291,10 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
         finally:
             conn.close()
 
-    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _handle  # noqa: N815
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _handle
 
     def handle_one_request(self) -> None:
         try:
             super().handle_one_request()
-        except (ConnectionError, socket.timeout, OSError):
+        except (TimeoutError, ConnectionError, OSError):
             self.close_connection = True

@@ -51,7 +51,7 @@ class GCSEmulator:
         self.endpoint = f"http://{self.host}"
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "GCSEmulator":
+    def start(self) -> GCSEmulator:
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -95,11 +95,11 @@ def configure_process_env() -> None:
     """
     os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    # Ray 2.60 token auth breaks nodes joining on loopback (DESIGN.md).
+    # Ray 2.60 token auth breaks nodes joining on loopback (docs/architecture.md).
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-    # gcsfs probes a gRPC control plane per bucket unless this is off (DESIGN.md).
+    # gcsfs probes a gRPC control plane per bucket unless this is off.
     os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
     os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
 

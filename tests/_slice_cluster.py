@@ -41,6 +41,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from typing import Self
 
 from tests._harness import free_port
 
@@ -62,8 +63,7 @@ def _cluster_env() -> dict[str, str]:
         "TPU_VISIBLE_CHIPS",
     ):
         env.pop(key, None)
-    # Ray 2.60 token auth: joining nodes don't present the head's token
-    # (DESIGN.md, "Known facts").
+    # Ray 2.60 token auth: joining nodes don't present the head's token.
     env["RAY_AUTH_MODE"] = "disabled"
     env["RAY_USAGE_STATS_ENABLED"] = "0"
     # No idle Python workers per CPU at startup: on 2 shared cores they slow
@@ -338,7 +338,7 @@ class SimulatedCluster:
             self._poll_starting()
             try:
                 alive = self.alive_nodes()
-            except Exception:  # GCS still starting
+            except Exception:  # noqa: BLE001 - GCS still starting
                 alive = []
             if len(alive) >= len(self.nodes):
                 return alive
@@ -429,7 +429,7 @@ class SimulatedCluster:
         if self._own_temp_dir:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
 
-    def __enter__(self) -> "SimulatedCluster":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:

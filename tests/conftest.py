@@ -17,7 +17,7 @@ from tests._harness import GCSEmulator, configure_process_env
 
 configure_process_env()
 
-import pytest  # noqa: E402
+import pytest
 
 _EMULATOR: GCSEmulator | None = None
 

@@ -71,11 +71,14 @@ def _fsl_values(arr: pa.FixedSizeListArray) -> pa.Array:
     return arr.values.slice(arr.offset * size, len(arr) * size)
 
 
+_INT32 = pa.int32()
+
+
 def make_list(
     values: np.ndarray,
     offsets: np.ndarray,
     valid: np.ndarray | None = None,
-    value_type: pa.DataType = pa.int32(),
+    value_type: pa.DataType = _INT32,
 ) -> pa.ListArray:
     """A ``list<value_type>`` array from NumPy parts (nulls where not ``valid``)."""
     mask = None if valid is None or valid.all() else pa.array(~valid)
@@ -90,7 +93,7 @@ def make_fixed(
     values: np.ndarray,
     size: int,
     valid: np.ndarray | None = None,
-    value_type: pa.DataType = pa.int32(),
+    value_type: pa.DataType = _INT32,
 ) -> pa.FixedSizeListArray:
     """A ``fixed_size_list<value_type>[size]`` array from a dense (n * size) array."""
     mask = None if valid is None or valid.all() else pa.array(~valid)

@@ -108,7 +108,7 @@ def describe_rows(bad: pa.Table, *, limit: int = 3) -> list[str]:
     return out
 
 
-def bad_record_error(bad: pa.Table, transform: "Transform | str") -> BadRecordError:
+def bad_record_error(bad: pa.Table, transform: Transform | str) -> BadRecordError:
     """The :class:`BadRecordError` for ``on_error: fail`` (names file and row)."""
     label = transform if isinstance(transform, str) else transform._label()
     lines = describe_rows(bad)
@@ -122,7 +122,7 @@ def bad_record_error(bad: pa.Table, transform: "Transform | str") -> BadRecordEr
 
 def apply_transforms(
     table: pa.Table,
-    transforms: Iterable["Transform"],
+    transforms: Iterable[Transform],
     on_error: str = "fail",
 ) -> pa.Table:
     """Applies ``transforms`` to ``table`` in order, outside Ray.

@@ -145,7 +145,7 @@ class Vocabulary(Transform):
             return schema.set(schema.get_field_index(f.name), f)
         return schema.append(f)
 
-    def fit(self, ds: "ray.data.Dataset") -> "Vocabulary":
+    def fit(self, ds: ray.data.Dataset) -> Vocabulary:
         """Counts values over all of ``ds`` and keeps the top ``top_k``.
 
         Each Ray task counts the values of its blocks (``pyarrow`` group-by,

@@ -167,7 +167,7 @@ class Cast(Transform):
             try:
                 out = pc.cast(arr, target)
             except (pa.ArrowInvalid, OverflowError):
-                bad = failing_rows(arr, lambda a: pc.cast(a, target))
+                bad = failing_rows(arr, lambda a, target=target: pc.cast(a, target))
                 new_bad = bad & ~bad_all
                 reasons[new_bad] = f"Cast: value in column {col!r} cannot be cast to {type_name}"
                 bad_all |= bad

@@ -32,7 +32,13 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 
-from slicefeed.connectors import RESERVED_COLUMNS, MissingColumnError, SpecError, printable, short_repr
+from slicefeed.connectors import (
+    RESERVED_COLUMNS,
+    MissingColumnError,
+    SpecError,
+    printable,
+    short_repr,
+)
 from slicefeed.transforms._registry import default_of, plain, register
 
 if typing.TYPE_CHECKING:  # pragma: no cover
@@ -83,7 +89,7 @@ class Transform:
         """
         return schema
 
-    def fit(self, ds: "ray.data.Dataset") -> "Transform":
+    def fit(self, ds: ray.data.Dataset) -> Transform:
         """Returns a fitted copy, with statistics computed over all of ``ds``.
 
         The default (``needs_fit = False``) returns ``self``.
@@ -99,7 +105,7 @@ class Transform:
         """JSON-serialisable fitted statistics (recorded in report and manifest)."""
         return {}
 
-    def output_stats(self, ds: "ray.data.Dataset") -> dict[str, Any]:
+    def output_stats(self, ds: ray.data.Dataset) -> dict[str, Any]:
         """JSON-serialisable statistics of this transform's output dataset.
 
         For transforms whose quality is measured on their output (packing
@@ -108,7 +114,7 @@ class Transform:
         """
         return {}
 
-    def with_seed(self, seed: int) -> "Transform":
+    def with_seed(self, seed: int) -> Transform:
         """Returns a copy that draws its randomness from ``seed``.
 
         Deterministic transforms return ``self``. Random transforms keep a seed
@@ -116,7 +122,7 @@ class Transform:
         """
         return self
 
-    def dataset_op(self, ds: "ray.data.Dataset") -> "ray.data.Dataset":
+    def dataset_op(self, ds: ray.data.Dataset) -> ray.data.Dataset:
         """Dataset-level form of the transform (``is_dataset_op`` transforms only).
 
         The pipeline calls ``ds = t.dataset_op(ds)`` instead of

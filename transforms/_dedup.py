@@ -79,7 +79,7 @@ class Deduplicate(Transform):
         keep = np.sort(firsts.column("__sf_idx_min").to_numpy())
         return table.take(pa.array(keep))
 
-    def dataset_op(self, ds: "ray.data.Dataset") -> "ray.data.Dataset":
+    def dataset_op(self, ds: ray.data.Dataset) -> ray.data.Dataset:
         keys_hash = self._key_hash
 
         def add_key(batch: pa.Table) -> pa.Table:

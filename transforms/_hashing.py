@@ -79,7 +79,7 @@ def row_keys(table: pa.Table, *, seed: int, salt: str) -> np.ndarray:
         .astype(np.int64)
         .view(np.uint64)
     )
-    base = np.uint64((str_hash64(f"{seed}/{salt}")))
+    base = np.uint64(str_hash64(f"{seed}/{salt}"))
     with np.errstate(over="ignore"):
         k = mix64(base ^ fh.astype(np.uint64))
         k = mix64(k ^ (rows * GOLDEN))
@@ -93,7 +93,7 @@ def row_uniform(keys: np.ndarray, stream: int = 0) -> np.ndarray:
     return (x >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
-def seeded_copy(t: "Transform", seed: int) -> "Transform":
+def seeded_copy(t: Transform, seed: int) -> Transform:
     """``with_seed`` for transforms with a ``seed: int | None`` field."""
     if getattr(t, "seed", None) is not None:
         return t

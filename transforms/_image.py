@@ -34,8 +34,8 @@ import pyarrow as pa
 from slicefeed.connectors import PROVENANCE_FILE, PROVENANCE_ROW, short_repr
 from slicefeed.transforms._badrecords import mark_errors
 from slicefeed.transforms._contract import Transform
-from slicefeed.transforms._hashing import row_keys, row_uniform, seeded_copy
 from slicefeed.transforms._dtypes import bfloat16_field, to_bfloat16_bits
+from slicefeed.transforms._hashing import row_keys, row_uniform, seeded_copy
 
 MODES = {"RGB": 3, "L": 1, "RGBA": 4}
 RESAMPLE = ("nearest", "bilinear", "bicubic", "lanczos", "box")

@@ -257,7 +257,7 @@ class PackSequences(Transform):
         fields += [table.schema.field(c) for c in (PROVENANCE_FILE, PROVENANCE_ROW) if c in table.column_names]
         return pa.schema(fields)
 
-    def output_stats(self, ds: "ray.data.Dataset") -> dict[str, Any]:
+    def output_stats(self, ds: ray.data.Dataset) -> dict[str, Any]:
         """Packing efficiency of the packed dataset ``ds`` (one aggregation pass).
 
         Returns:

@@ -24,12 +24,12 @@ if typing.TYPE_CHECKING:  # pragma: no cover
 __all__ = ["TRANSFORMS", "check_transforms", "get_transform", "register", "transform_from_spec"]
 
 #: Transform classes by their YAML name.
-TRANSFORMS: dict[str, type["Transform"]] = {}
+TRANSFORMS: dict[str, type[Transform]] = {}
 
 _SNAKE = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
-def register(name: str, cls: type["Transform"]) -> None:
+def register(name: str, cls: type[Transform]) -> None:
     """Registers ``cls`` under ``name`` (called by ``Transform.__init_subclass__``).
 
     Raises:
@@ -65,7 +65,7 @@ def _ensure_registered() -> None:
     import slicefeed.transforms  # noqa: F401
 
 
-def get_transform(name: str) -> type["Transform"]:
+def get_transform(name: str) -> type[Transform]:
     """The transform class registered under ``name``.
 
     Raises:
@@ -80,7 +80,7 @@ def get_transform(name: str) -> type["Transform"]:
         ) from None
 
 
-def transform_from_spec(item: Mapping[str, Any] | str) -> "Transform":
+def transform_from_spec(item: Mapping[str, Any] | str) -> Transform:
     """Builds a transform from a YAML spec item.
 
     Args:
@@ -132,7 +132,7 @@ def transform_from_spec(item: Mapping[str, Any] | str) -> "Transform":
         ) from e
 
 
-def _arg_list(cls: type["Transform"]) -> str:
+def _arg_list(cls: type[Transform]) -> str:
     out = []
     for f in dataclasses.fields(cls):
         if not f.init:
@@ -142,7 +142,7 @@ def _arg_list(cls: type["Transform"]) -> str:
     return ", ".join(out) or "(none)"
 
 
-def check_transforms(schema: pa.Schema, transforms: Iterable["Transform"]) -> pa.Schema:
+def check_transforms(schema: pa.Schema, transforms: Iterable[Transform]) -> pa.Schema:
     """Folds :meth:`Transform.output_schema` over ``transforms``; the final schema."""
     for t in transforms:
         schema = t.output_schema(schema)

@@ -83,7 +83,7 @@ class _FittedScaler(Transform):
         """``(offset, scale)`` of ``column`` from the fitted statistics."""
         raise NotImplementedError
 
-    def fit(self, ds: "ray.data.Dataset") -> "_FittedScaler":
+    def fit(self, ds: ray.data.Dataset) -> _FittedScaler:
         aggs: list[Any] = []
         for c in self.columns:
             aggs += self._aggregations(c)

@@ -12,7 +12,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from slicefeed.connectors import SpecError, short_repr
-from slicefeed.transforms._arrays import failing_rows, list_parts, make_fixed, make_list, segment_arange
+from slicefeed.transforms._arrays import (
+    failing_rows,
+    list_parts,
+    make_fixed,
+    make_list,
+    segment_arange,
+)
 from slicefeed.transforms._badrecords import mark_errors
 from slicefeed.transforms._contract import Transform
 

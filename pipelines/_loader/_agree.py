@@ -31,6 +31,18 @@ class Agreement:
         self.process_count = process_count
         self.timeout_s = float(timeout_s)
         self.uid = next(_counter)
+        self.generation = 0
+
+    def next_generation(self) -> Agreement:
+        """The same agreement under fresh keys (a restarted producer)."""
+        out = Agreement.__new__(Agreement)
+        out.__dict__.update(self.__dict__)
+        out.generation = self.generation + 1
+        return out
+
+    @property
+    def _ns(self) -> str:
+        return f"{_KV_PREFIX}/{self.uid}.{self.generation}"
 
     def _client(self):
         client = _compat.jax_kv_client()
@@ -51,7 +63,7 @@ class Agreement:
         if self.process_count == 1:
             return [value]
         client = self._client()
-        prefix = f"{_KV_PREFIX}/{self.uid}/{tag}"
+        prefix = f"{self._ns}/{tag}"
         client.key_value_set(f"{prefix}/{self.process_index}", value)
         out: list[str] = []
         deadline = time.monotonic() + self.timeout_s
@@ -78,6 +90,6 @@ class Agreement:
         if self.process_count == 1:
             return
         try:
-            self._client().key_value_delete(f"{_KV_PREFIX}/{self.uid}/{tag}/{self.process_index}")
-        except Exception:
+            self._client().key_value_delete(f"{self._ns}/{tag}/{self.process_index}")
+        except Exception:  # noqa: BLE001, S110 - best effort: keys are tiny
             pass

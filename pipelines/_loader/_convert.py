@@ -41,7 +41,8 @@ padding a partial final batch copies that batch once.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -90,9 +91,9 @@ def _tensor_shape(t: pa.DataType) -> tuple[int, ...] | None:
     if isinstance(t, pa.FixedShapeTensorType):
         return tuple(t.shape)
     shape = getattr(t, "shape", None)
-    if isinstance(t, pa.BaseExtensionType) and isinstance(shape, tuple):
-        if all(isinstance(d, int) and d >= 0 for d in shape):
-            return shape
+    if (isinstance(t, pa.BaseExtensionType) and isinstance(shape, tuple)
+            and all(isinstance(d, int) and d >= 0 for d in shape)):
+        return shape
     return None
 
 
@@ -361,11 +362,10 @@ def _out_of_range(a: np.ndarray, to: np.dtype) -> np.ndarray | None:
         # float -> int: finite and inside [min, max] after truncation toward zero
         t = np.trunc(a.astype(np.float64))
         return ~np.isfinite(t) | (t < info.min) | (t > info.max)
-    if _is_float(to):
-        if src.kind in "iu" or _is_float(src):
-            limit = _float_max(to)
-            x = a.astype(np.float64)
-            return np.isfinite(x) & (np.abs(x) > limit)
+    if _is_float(to) and (src.kind in "iu" or _is_float(src)):
+        limit = _float_max(to)
+        x = a.astype(np.float64)
+        return np.isfinite(x) & (np.abs(x) > limit)
     return None
 
 

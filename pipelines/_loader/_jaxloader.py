@@ -5,7 +5,8 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any, Self
 
 from slicefeed.connectors import SpecError
 from slicefeed.pipelines._loader import _plan
@@ -20,7 +21,7 @@ from slicefeed.pipelines._loader._sources import ManifestSource, ReadContext, ma
 STATE_VERSION = 2
 # Rows per read window of a committed dataset when not shuffling: ~32 MB of decoded
 # rows per read (benchmarks/loader.py: 64 MB of *compressed* Parquet made the first
-# window 4x larger, the time to first batch 30 s on 2 cores).
+# window 4x larger and multiplied the time to first batch).
 WINDOW_TARGET_BYTES = 32 << 20
 
 
@@ -253,10 +254,18 @@ class JaxLoader:
             row_bytes=rbytes,
             stats=self._stats,
         )
-        start = (self._epoch, self._step)
-        self._runtime = Runtime(lambda: producer.items(*start), opts.prefetch, stop)
-        self._finalizer = weakref.finalize(self, self._runtime.close)
+        self._producer = producer
         self._t0 = t0
+        self._start_runtime()
+
+    def _start_runtime(self) -> None:
+        """A fresh producer runtime from the current position (nothing refers back
+        to the loader, so a dropped loader is collected and its finalizer runs)."""
+        stop = threading.Event()  # per runtime: an old producer never restarts
+        producer = self._producer.restarted(stop)
+        start = (self._epoch, self._step)
+        self._runtime = Runtime(lambda: producer.items(*start), self.options.prefetch, stop)
+        self._finalizer = weakref.finalize(self, self._runtime.close)
         self._done = False
         self._error: BaseException | None = None
 
@@ -298,6 +307,34 @@ class JaxLoader:
             "plan": dict(self._plan),
         }
 
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continues from ``state`` (a ``state_dict()``), also after iterating:
+        batches already prefetched are dropped and production restarts there.
+
+        Raises:
+            SpecError: ``state`` was saved for other data or configuration.
+        """
+        self._load_state(state)
+        self._finalizer()  # stops the current producer and frees its batches
+        self._start_runtime()
+
+    def __len__(self) -> int:
+        """Steps per epoch, when known before reading (committed datasets, Datasets
+        whose row count Ray knows from metadata).
+
+        Raises:
+            TypeError: the count is only found while reading (the hosts agree
+                step by step), so there is no length up front.
+        """
+        if self.steps_per_epoch is None:
+            raise TypeError(
+                "JaxLoader: steps per epoch are not known before reading this source (its "
+                "row count is not in its metadata: a DataIterator, or a Dataset after "
+                "map_batches/filter); hosts agree on the steps while reading. Use a "
+                "committed dataset URI for a known length."
+            )
+        return self.steps_per_epoch
+
     def stats(self) -> dict:
         """Counters: rows (real rows delivered by this host), batches, bytes (host
         bytes delivered), dropped_rows, padded_rows, host_copies (full-column copies
@@ -309,7 +346,7 @@ class JaxLoader:
         s["steps_per_epoch"] = self.steps_per_epoch
         return s
 
-    def __iter__(self) -> "JaxLoader":
+    def __iter__(self) -> JaxLoader:
         return self
 
     def __next__(self) -> dict:
@@ -349,7 +386,7 @@ class JaxLoader:
         self._done = True
         self._finalizer()
 
-    def __enter__(self) -> "JaxLoader":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:

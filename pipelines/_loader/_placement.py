@@ -28,7 +28,7 @@ def default_sharding():
         from jax.experimental import mesh_utils
 
         devices = mesh_utils.create_device_mesh((jax.device_count(),))
-    except Exception:  # pragma: no cover - same fallback as Ray's
+    except Exception:  # noqa: BLE001 - topology-aware order is an optimisation; same fallback as Ray's
         devices = np.array(jax.devices())
     return NamedSharding(Mesh(devices, (DATA_AXIS,)), PartitionSpec(DATA_AXIS))
 

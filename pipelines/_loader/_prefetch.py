@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 _POLL_S = 0.05
 _JOIN_S = 0.5
@@ -70,7 +70,7 @@ class Runtime:
             gen, self._gen = self._gen, None
             try:
                 gen.close()
-            except Exception:  # noqa: BLE001 - closing: nothing left to report to
+            except Exception:  # noqa: BLE001, S110 - closing: nothing left to report to
                 pass
         _drain(self._queue)
         t = self._thread
@@ -109,7 +109,7 @@ def _run(make_items, q: queue.SimpleQueue, slots: threading.Semaphore, stop: thr
         if gen is not None:
             try:
                 gen.close()  # stops the source's readers
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001, S110 - closing: nothing left to report to
                 pass
         if stop.is_set():
             _drain(q)

@@ -7,8 +7,10 @@ a device.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -79,6 +81,14 @@ class Producer:
         self.row_bytes = row_bytes
         self.stats = stats
         self.lb = ctx.batch_rows
+
+    def restarted(self, stop: threading.Event) -> Producer:
+        """A copy that stops on ``stop`` and uses fresh agreement keys (every host
+        restarts its loader the same number of times, as it creates loaders)."""
+        out = copy.copy(self)
+        out.ctx = dataclasses.replace(self.ctx, stop=stop)
+        out.agreement = self.agreement.next_generation()
+        return out
 
     def items(self, epoch: int, start: int) -> Iterator[tuple]:
         while self.num_epochs is None or epoch < self.num_epochs:

@@ -12,7 +12,8 @@ import dataclasses
 import hashlib
 import json
 import threading
-from typing import Any, Iterator, Mapping, Protocol
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -85,7 +86,7 @@ def arrow_schema(schema: Any) -> pa.Schema:
                 at = t.to_arrow_dtype()
             else:
                 at = pa.from_numpy_dtype(t)
-        except Exception as e:  # noqa: BLE001 - reported with the column
+        except Exception as e:
             raise SpecError(
                 f"JaxLoader: column {name!r} has type {t}, which has no Arrow equivalent; "
                 "convert or exclude it in the pipeline."
@@ -379,13 +380,11 @@ def make_source(
         SpecError: an unsupported source, a ``.dataset()`` that returns no
             Dataset, or a Dataset shared by several processes.
     """
-    import ray.data
-
-    from slicefeed.pipelines._pipeline import Pipeline
-
-    shared = process_count > 1 and not host_local
     if isinstance(source, str) or hasattr(source, "__fspath__"):
         return ManifestSource(str(source), fs_kwargs)
+    import ray.data
+
+    shared = process_count > 1 and not host_local
     if isinstance(source, ray.data.Dataset):
         if shared:
             raise _refuse_shared("a ray.data.Dataset", process_count)
@@ -396,6 +395,8 @@ def make_source(
         # A slicefeed Pipeline knows its output schema without running
         # (``check()``, what ``slicefeed validate`` computes): asking the Dataset
         # instead would execute the pipeline once more than the epochs need.
+        from slicefeed.pipelines._pipeline import Pipeline  # only for pipeline sources
+
         check = getattr(source, "check", None)
         schema = check() if callable(check) else None
         if isinstance(source, Pipeline) and shared:

@@ -12,7 +12,8 @@ import json
 import os
 import sys
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from slicefeed.connectors import AlreadyCommittedError, SpecError
 from slicefeed.connectors._formats import FORMATS
@@ -348,12 +349,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:  # --help
         return int(e.code or 0)
     except BrokenPipeError:  # `slicefeed inspect ... | head`
-        sys.stdout = open(os.devnull, "w")
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - replaces stdout until exit
         return EXIT_OK
     except KeyboardInterrupt:
         print("slicefeed: interrupted; nothing was committed by the interrupted run.", file=sys.stderr)
         return 130
-    except BaseException as e:  # noqa: BLE001 - the CLI's one place that reports errors
+    except BaseException as e:
         if debug:
             raise
         root = _root_cause(e)

@@ -15,11 +15,7 @@ from typing import Any
 
 import numpy as np
 
-_WORDS = (
-    "slice host chip mesh shard batch token pack step epoch seed data stream arrow "
-    "table column row file bucket prefix manifest commit loader device array tensor "
-    "ray task actor block dataset pipeline transform filter cast select"
-).split()
+_WORDS = ["slice", "host", "chip", "mesh", "shard", "batch", "token", "pack", "step", "epoch", "seed", "data", "stream", "arrow", "table", "column", "row", "file", "bucket", "prefix", "manifest", "commit", "loader", "device", "array", "tensor", "ray", "task", "actor", "block", "dataset", "pipeline", "transform", "filter", "cast", "select"]
 
 
 def write_corpus(raw_dir: str, *, rows: int, files: int = 4, seed: int = 0) -> list[str]:

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import shlex
 import os
 import re
 import shlex
@@ -121,7 +120,7 @@ def check_spec(
     spec = load_spec(spec_path, overrides)
     # URI templates ({date}, {env:NAME}) are filled in the pod, at run time.
     p = Pipeline(spec, source_name=spec_path, expand_templates=False)
-    if "sink" not in p.spec:
+    if p.spec.sink is None:
         raise SpecError(f"{spec_path}: missing required key 'sink' (format and uri); "
                         "`slicefeed run` needs one.")
     if source_check:
@@ -133,7 +132,7 @@ def check_spec(
             text = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
             warn(f"could not read the source from here to check the transforms' columns "
                  f"({type(e).__name__}: {text}); the spec's keys and transforms are valid.")
-    return p.spec
+    return spec
 
 
 def _warn(message: str) -> None:

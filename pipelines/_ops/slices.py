@@ -115,7 +115,7 @@ def _expected_hosts(pod_type: str, topology: str, accelerator: str) -> int | Non
         version = get_tpu_version_from_type(accelerator)
         workers, _ = get_tpu_worker_resources(topology, f"TPU-{version.upper()}")
         return workers
-    except Exception:  # unknown shape: report it rather than fail the listing
+    except Exception:  # noqa: BLE001 - unknown shape: report it rather than fail the listing
         return None
 
 
@@ -259,7 +259,7 @@ def format_table(slices: list[SliceInfo]) -> str:
     return "\n".join(lines)
 
 
-def add_parser(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Adds ``slices`` to a ``slicefeed`` argparse subparsers object."""
     parser = subparsers.add_parser(
         "slices",

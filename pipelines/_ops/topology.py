@@ -283,7 +283,7 @@ class SliceSpec:
         return n
 
     @classmethod
-    def from_pod_type(cls, pod_type: str, topology: str) -> "SliceSpec":
+    def from_pod_type(cls, pod_type: str, topology: str) -> SliceSpec:
         """Builds a spec from a Ray node's ``ray.io/tpu-pod-type`` and topology labels.
 
         Raises:

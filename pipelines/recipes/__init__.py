@@ -23,7 +23,7 @@ def recipe_path(name: str) -> str:
     Raises:
         SpecError: listing the recipe names.
     """
-    stem = name[:-5] if name.endswith(".yaml") else name
+    stem = name.removesuffix(".yaml")
     if stem not in RECIPES:
         raise SpecError(f"unknown recipe {name!r}; built-in recipes: {', '.join(RECIPES)}")
     return os.path.join(os.path.dirname(__file__), f"{stem}.yaml")

@@ -21,6 +21,7 @@ from tests._harness import configure_process_env
 configure_process_env()
 
 import ray
+
 from slicefeed import connectors
 from slicefeed.connectors import write_parquet
 

@@ -11,6 +11,7 @@ import time
 import pyarrow as pa
 import pytest
 import ray
+
 from slicefeed.connectors import (
     AlreadyCommittedError,
     CommitConflictError,
@@ -179,8 +180,8 @@ def test_lost_create_response_is_read_back(gcs, bucket):
     gets 412: the writer reads the object back, finds its own id, and has won."""
     from slicefeed.connectors import Manifest
     from slicefeed.connectors._writers import commit_version
-
     from tests._faultproxy import FaultProxy
+
 
     with FaultProxy(gcs.host, rate=1.0, faults=("reset_mid",), max_faults=1) as proxy:
         target = resolve_filesystem(f"gs://{bucket}/ds", anonymous=True,

@@ -63,6 +63,22 @@ def test_dataset_preserving_order(ray_cluster):
     assert out.take_all() == [{"a": 1}, {"a": 2}, {"a": 3}]
 
 
+def test_task_retry_args_silences_only_the_remote_args_deprecation(ray_cluster):
+    import warnings
+
+    import ray
+
+    from slicefeed.connectors._compat import task_retry_args
+
+    ds = ray.data.range(4)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with task_retry_args():
+            out = ds.map_batches(lambda b: b, max_retries=1)
+    assert not [w for w in seen if "ray_remote_args" in str(w.message)]
+    assert out.count() == 4
+
+
 def test_kv_try_get_never_blocks():
     class Client:  # the jaxlib client's interface: NOT_FOUND raises
         def key_value_try_get(self, key):

@@ -8,6 +8,7 @@ import time
 import urllib.parse
 
 import pytest
+
 from tests._faultproxy import FaultProxy
 
 pytestmark = pytest.mark.timeout(60)

@@ -13,10 +13,10 @@ import time
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from tests._faultproxy import FaultProxy
 
 from slicefeed.connectors import resolve_filesystem
 from slicefeed.connectors._retry import TRANSIENT_MARKER, RetryingGCSFileSystem
+from tests._faultproxy import FaultProxy
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -144,9 +144,9 @@ def test_403_through_ray_data_fails_fast(ray_cluster, gcs, bucket, inputs):
 
 
 def test_401_is_permission_error(gcs, bucket, inputs):
-    with FaultProxy(gcs.host, force=[(r"/o/", 401)]) as proxy:
-        with pytest.raises(PermissionError, match=rf"gs://{bucket}/in/part-001.parquet.*401"):
-            _forbidden_fs(proxy).cat_file(f"{bucket}/in/part-001.parquet")
+    with (FaultProxy(gcs.host, force=[(r"/o/", 401)]) as proxy,
+          pytest.raises(PermissionError, match=rf"gs://{bucket}/in/part-001.parquet.*401")):
+        _forbidden_fs(proxy).cat_file(f"{bucket}/in/part-001.parquet")
 
 
 def test_404_names_the_gs_uri(gcs, bucket):

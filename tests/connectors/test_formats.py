@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -75,11 +76,11 @@ def _write_sample(fmt: str, folder) -> str:
     if fmt == "parquet":
         pq.write_table(pa.table({"a": [1, 2]}), path)
     elif fmt == "jsonl":
-        open(path, "w").write('{"a": 1}\n{"a": 2}\n')
+        Path(path).write_text('{"a": 1}\n{"a": 2}\n')
     elif fmt == "csv":
-        open(path, "w").write("a\n1\n2\n")
+        Path(path).write_text("a\n1\n2\n")
     elif fmt == "text":
-        open(path, "w").write("one\ntwo\n")
+        Path(path).write_text("one\ntwo\n")
     else:
         pytest.fail(f"format {fmt!r} has no sample in this test; add one")
     return path

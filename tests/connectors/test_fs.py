@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests._harness import put_bytes
 from slicefeed.connectors import expand_paths, resolve_filesystem
+from tests._harness import put_bytes
 
 
 def _touch(uri: str, data: bytes = b"x") -> None:

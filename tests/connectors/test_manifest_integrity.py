@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import ray
+
 from slicefeed.connectors import (
     CorruptManifestError,
     ShardMismatchError,

@@ -8,7 +8,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests._harness import put_bytes
 from slicefeed.connectors import (
     BadRecordError,
     CorruptFileError,
@@ -18,8 +17,7 @@ from slicefeed.connectors import (
     read_parquet,
     read_text,
 )
-
-
+from tests._harness import put_bytes
 
 
 def _parquet_bytes(table: pa.Table, **kw) -> bytes:

@@ -16,9 +16,9 @@ import threading
 import traceback
 
 import pytest
-from tests._faultproxy import FaultProxy
 
 from slicefeed.connectors import resolve_filesystem
+from tests._faultproxy import FaultProxy
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -34,7 +34,7 @@ def token_server():
         def log_message(self, *a):
             pass
 
-        def do_POST(self):  # noqa: N802
+        def do_POST(self):
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
             body = json.dumps(
                 {"access_token": ACCESS_MARK, "expires_in": 3600, "token_type": "Bearer"}

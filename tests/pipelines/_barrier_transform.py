@@ -20,6 +20,7 @@ from typing import ClassVar
 import pyarrow as pa
 import ray
 import ray.cloudpickle
+
 from slicefeed.transforms import Transform
 
 # Ray workers cannot import this tests folder: ship the class by value.

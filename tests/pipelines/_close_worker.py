@@ -15,7 +15,7 @@ from tests._harness import configure_process_env
 
 configure_process_env()
 
-import jax  # noqa: E402
+import jax
 
 
 def main():

@@ -6,6 +6,7 @@ Importable from the test modules and from the subprocess workers.
 from __future__ import annotations
 
 import hashlib
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq

@@ -13,8 +13,8 @@ from tests._harness import configure_process_env
 
 configure_process_env()
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import numpy as np
 
 
 def local_rows(arr):
@@ -37,9 +37,9 @@ def main():
     )
     import jax.numpy as jnp
     import ray
-    from tests.pipelines._data import make_table
 
     from slicefeed.pipelines import JaxLoader
+    from tests.pipelines._data import make_table
 
     assert jax.device_count() == 8 and jax.local_device_count() == 4
     ray.init(address=cfg["address"], log_to_driver=False, configure_logging=False)

@@ -10,10 +10,10 @@ from tests._harness import configure_process_env
 
 configure_process_env()
 
-import ray  # noqa: E402
-from tests.pipelines._conformance import digests  # noqa: E402
+import ray
 
-from slicefeed.pipelines import JaxLoader  # noqa: E402
+from slicefeed.pipelines import JaxLoader
+from tests.pipelines._conformance import digests
 
 
 def main():

@@ -141,12 +141,12 @@ def main(out_dir: str, source_uri: str) -> None:
         }
     )
     spec = SliceSpec("4x4", "v6e")
-    common = dict(
-        scaling_config=ScalingConfig(**spec.scaling_config_kwargs()),
+    common = {
+        "scaling_config": ScalingConfig(**spec.scaling_config_kwargs()),
         # preserve_order: Ray Data then splits blocks to workers deterministically
         # (no locality-driven dispatch), so a resumed run sees the same shards.
-        dataset_config=DataConfig(execution_options=ExecutionOptions(preserve_order=True)),
-    )
+        "dataset_config": DataConfig(execution_options=ExecutionOptions(preserve_order=True)),
+    }
     storage = os.path.join(out_dir, "ray-results")
     env = {
         "env_vars": {

@@ -13,9 +13,10 @@ from tests._harness import configure_process_env
 
 configure_process_env()
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-from tests.pipelines._multihost_worker import local_rows  # noqa: E402
+import jax
+import numpy as np
+
+from tests.pipelines._multihost_worker import local_rows
 
 
 def main():

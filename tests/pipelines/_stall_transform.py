@@ -17,11 +17,10 @@ from typing import ClassVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import ray.cloudpickle
 
 from slicefeed.connectors import PROVENANCE_FILE
 from slicefeed.transforms import Transform
-
-import ray.cloudpickle  # noqa: E402
 
 # Ray workers cannot import this tests folder: ship the class by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

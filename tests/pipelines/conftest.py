@@ -97,13 +97,6 @@ FULL_SLICE = "slice-a"
 INCOMPLETE_SLICE = "slice-b"
 
 
-def pytest_configure(config):
-    config.addinivalue_line(
-        "markers",
-        "slice: runs on the simulated multi-host TPU cluster (slice_cluster fixture; "
-        "~15 s start, ~3.5 GB peak). Select with -m slice, skip with -m 'not slice'.",
-    )
-
 
 def pytest_collection_modifyitems(config, items):
     # The first `slice` test also pays for starting the cluster (~15 s idle,

@@ -19,9 +19,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests._harness import put_bytes
 from slicefeed.connectors import is_committed, read_dataset, resolve_filesystem
 from slicefeed.pipelines import Pipeline
+from tests._harness import put_bytes
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -58,13 +58,13 @@ def _jsonl_corpus(base: str) -> dict:
     good = [json.dumps({"id": i, "score": str(i), "text": f"t{i}"}) for i in range(10)]
     put_bytes(f"{base}/raw/a.jsonl", ("\n".join(good) + "\n").encode())
     put_bytes(f"{base}/raw/b.jsonl", (
-        '{"id": 10, "score": "1", "text": "ok"}\n'
-        '{"id": 11, "score": "2", "te\n'                    # truncated line
-        '[1, 2, 3]\n'                                         # not an object
-        '{"id": 13, "score": "seven", "text": "x"}\n'        # wrong type for cast
-        '\n'
-        '{"id": 14, "score": "4", "text": "fine"}\n'
-    ).encode())
+        b'{"id": 10, "score": "1", "text": "ok"}\n'
+        b'{"id": 11, "score": "2", "te\n'                    # truncated line
+        b'[1, 2, 3]\n'                                         # not an object
+        b'{"id": 13, "score": "seven", "text": "x"}\n'        # wrong type for cast
+        b'\n'
+        b'{"id": 14, "score": "4", "text": "fine"}\n'
+    ))
     return {
         "source": {"format": "jsonl", "uri": f"{base}/raw"},
         "transforms": [{"cast": {"columns": {"id": "int32", "score": "int32"}}}],

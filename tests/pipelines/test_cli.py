@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import yaml
+
 from slicefeed.connectors import is_committed
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -34,8 +35,7 @@ def spec_file(local_dir):
     raw = os.path.join(local_dir, "raw")
     os.makedirs(raw)
     with open(os.path.join(raw, "a.jsonl"), "w") as f:
-        for i in range(50):
-            f.write(json.dumps({"id": i, "text": f"row {i}"}) + "\n")
+        f.writelines(json.dumps({"id": i, "text": f"row {i}"}) + "\n" for i in range(50))
     spec = {
         "name": "cli-test",
         "source": {"format": "jsonl", "uri": raw},
@@ -83,6 +83,7 @@ def test_demo_runs_twice_and_feeds_jax(tmp_path):
     assert "text-lm: read 1000 rows" in r.stdout and "demo: wrote" not in r.stdout
 
 
+@pytest.mark.slow  # five CLI subprocesses, each starting Ray: 166 s measured under load
 @pytest.mark.timeout(600)
 def test_run_validate_inspect(spec_file, local_dir):
     r = slicefeed("validate", spec_file)

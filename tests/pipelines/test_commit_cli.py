@@ -7,9 +7,11 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
+
 from slicefeed.connectors import (
     current_version,
     list_versions,
@@ -17,7 +19,6 @@ from slicefeed.connectors import (
     read_manifest,
     resolve_filesystem,
 )
-
 from tests._harness import put_bytes
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -118,8 +119,7 @@ def test_failed_overwrite_keeps_previous_version_then_vacuum(ray_cluster, local_
     assert code == 1, err[-2000:]
     assert read_manifest(sink) == v1 and current_version(sink) == 1
     assert sorted(r["id"] for r in read_dataset(sink).take_all()) == list(range(30))
-    with open(os.path.join(sink, "_report.json")) as f:
-        report = json.load(f)
+    report = json.loads(Path(sink, "_report.json").read_text())
     assert report["rows_written"] == 30  # the committed run's report is still there
     os.remove(f"{raw}/f9.jsonl")
     assert _run("run", spec, "--overwrite", "--set", "seed=5")[0] == 0

@@ -14,9 +14,10 @@ import sys
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from tests._harness import put_bytes
+
 from slicefeed.connectors import SpecError, is_committed, read_dataset, resolve_filesystem
 from slicefeed.pipelines import Pipeline
+from tests._harness import put_bytes
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -36,8 +36,7 @@ def test_worker_killed_on_one_file_fails_the_run_naming_it(ray_cluster, tmp_path
     raw.mkdir()
     for f in range(4):
         with open(raw / f"f{f}.jsonl", "w") as fh:
-            for i in range(10):
-                fh.write(json.dumps({"id": f * 10 + i}) + "\n")
+            fh.writelines(json.dumps({"id": f * 10 + i}) + "\n" for i in range(10))
     log = tmp_path / "attempts.log"
     spec = {
         "name": "crashy",

@@ -17,6 +17,7 @@ import time
 
 import pytest
 import yaml
+
 from slicefeed.connectors import SpecError
 from slicefeed.pipelines import load_pipeline
 
@@ -37,8 +38,7 @@ def raw(local_dir) -> str:
     d = os.path.join(local_dir, "raw")
     os.makedirs(d)
     with open(os.path.join(d, "a.jsonl"), "w") as f:
-        for i in range(5):
-            f.write(json.dumps({"id": i, "x": float(i), "toks": [1, 2, 3], "text": f"t{i}"}) + "\n")
+        f.writelines(json.dumps({"id": i, "x": float(i), "toks": [1, 2, 3], "text": f"t{i}"}) + "\n" for i in range(5))
     return d
 
 
@@ -67,11 +67,11 @@ def _validate(path: str, *overrides: str):
 @pytest.mark.parametrize("where, text, match", [
     ("max_error_fraction", "max_error_fraction: .nan\n", r"max_error_fraction is not a finite number \(nan\)"),
     ("max_error_fraction", "max_error_fraction: .inf\n", r"max_error_fraction is not a finite number \(inf\)"),
-    ("weight", "sources:\n  - {format: jsonl, uri: RAW, weight: .nan, name: a}\n"
-               "  - {format: jsonl, uri: RAW, weight: 1, name: b}\n",
+    ("weight", ("sources:\n  - {format: jsonl, uri: RAW, weight: .nan, name: a}\n"
+               "  - {format: jsonl, uri: RAW, weight: 1, name: b}\n"),
      r"sources\.0\.weight is not a finite number \(nan\)"),
-    ("weight", "sources:\n  - {format: jsonl, uri: RAW, weight: .inf, name: a}\n"
-               "  - {format: jsonl, uri: RAW, weight: 1, name: b}\n",
+    ("weight", ("sources:\n  - {format: jsonl, uri: RAW, weight: .inf, name: a}\n"
+               "  - {format: jsonl, uri: RAW, weight: 1, name: b}\n"),
      r"sources\.0\.weight is not a finite number \(inf\)"),
     ("transform arg", "transforms:\n  - fill_null: {values: {x: -.inf}}\n",
      r"transforms\.0\.fill_null\.values\.x is not a finite number \(-inf\)"),

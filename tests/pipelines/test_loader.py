@@ -6,16 +6,17 @@ from __future__ import annotations
 import json
 import os
 import traceback
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
+from slicefeed.connectors import SpecError
 from tests.pipelines._conformance import assert_equal_output_after_checkpoint, digests
 from tests.pipelines._data import make_table
 from tests.pipelines.conftest import run_worker, wait_all
-
-from slicefeed.connectors import SpecError
 
 
 @pytest.fixture(scope="module")
@@ -191,7 +192,7 @@ def test_pyarrow_fixed_size_list_2048(env, local_dir):
     # materialize once: both loaders below read the same Ray blocks
     # Ray's plain path fails on this column (NumPy object arrays). The Dataset is
     # built from the file with pyarrow: Ray's read_parquet yields the same Arrow
-    # block, but its ListFiles task costs minutes on an overloaded 2-core machine.
+    # block, but its ListFiles task can take minutes on an overloaded machine.
     ds = ray.data.from_arrow(pq.read_table(path))
     with pytest.raises(Exception, match="(?i)dtype object|object"):
         next(iter(ds.iter_jax_batches(batch_size=16)))
@@ -205,13 +206,12 @@ def test_pyarrow_fixed_size_list_2048(env, local_dir):
 
     # The same pyarrow-written file as a committed dataset: read from disk by the
     # loader's own Ray read tasks (row groups of 16 rows).
-    from slicefeed.connectors import Manifest, ManifestFile
-
     import hashlib
 
+    from slicefeed.connectors import Manifest, ManifestFile
     from tests.pipelines._data import commit_manifest
 
-    data = open(path, "rb").read()
+    data = Path(path).read_bytes()
     m = Manifest(
         files=(ManifestFile("tokens.parquet", n, len(data), hashlib.sha256(data).hexdigest()),),
         schema=table.schema,
@@ -225,12 +225,12 @@ def test_pyarrow_fixed_size_list_2048(env, local_dir):
 def test_copy_count_fixed_size_list(env):
     """0 host copies for a fixed_size_list batch inside one Arrow buffer, and on the
     CPU backend the device buffer is the Arrow buffer when 64-byte aligned."""
+    import io
+
     import jax
     from jax.sharding import NamedSharding, PartitionSpec
 
     from slicefeed.pipelines._loader._convert import convert_table, plan_columns
-
-    import io
 
     sink = io.BytesIO()  # read back through Parquet: Arrow-allocated (64-byte aligned)
     pq.write_table(make_table(0, 64, width=16), sink)  # row = 64 bytes of float32
@@ -327,10 +327,10 @@ def test_prefetch_error_surfaces_with_traceback(env):
 @pytest.mark.parametrize(
     "kw",
     [
-        dict(),
-        dict(remainder="pad"),
-        dict(shuffle=True, seed=7, shuffle_buffer_rows=32),
-        dict(shuffle=True, seed=7, shuffle_buffer_rows=32, remainder="pad", prefetch=0),
+        {},
+        {"remainder": "pad"},
+        {"shuffle": True, "seed": 7, "shuffle_buffer_rows": 32},
+        {"shuffle": True, "seed": 7, "shuffle_buffer_rows": 32, "remainder": "pad", "prefetch": 0},
     ],
     ids=["plain-drop", "plain-pad", "shuffle-drop", "shuffle-pad-noprefetch"],
 )
@@ -382,7 +382,7 @@ def test_resume_in_fresh_process(env, committed, ray_address):
     from slicefeed.pipelines import JaxLoader
 
     uri, _ = committed
-    kw = dict(global_batch_size=16, num_epochs=2, shuffle=True, seed=11, shuffle_buffer_rows=48)
+    kw = {"global_batch_size": 16, "num_epochs": 2, "shuffle": True, "seed": 11, "shuffle_buffer_rows": 48}
     ref = digests(JaxLoader(uri, **kw))
     steps = len(ref) // 2
     for k in (steps + 3,):  # inside the second epoch
@@ -429,9 +429,8 @@ def test_pyarrow_nested_fsl_take_bug():
 
 def test_committed_uri_local_and_gcs(env, base_uri):
     """A committed dataset by URI (local path with spaces, or gs:// on the emulator)."""
-    from tests.pipelines._data import write_committed
-
     from slicefeed.pipelines import JaxLoader
+    from tests.pipelines._data import write_committed
 
     n = write_committed(base_uri, [20, 13, 31])
     with JaxLoader(base_uri, global_batch_size=8, remainder="pad", shuffle=True) as loader:

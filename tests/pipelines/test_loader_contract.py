@@ -27,8 +27,9 @@ def env(ray_cluster, jax_cpu):
 
 
 def _commit(root: str, tables: list[pa.Table], *, row_group_size: int = 4) -> str:
-    """Writes ``tables`` as part-*.parquet + _manifest.json under ``root``."""
+    """Writes ``tables`` as part-*.parquet files committed as version 1 under ``root``."""
     from slicefeed.connectors import Manifest, ManifestFile
+    from tests.pipelines._data import commit_manifest
 
     os.makedirs(root, exist_ok=True)
     files = []
@@ -39,10 +40,11 @@ def _commit(root: str, tables: list[pa.Table], *, row_group_size: int = 4) -> st
         name = f"part-{i:05d}.parquet"
         with open(os.path.join(root, name), "wb") as f:
             f.write(data)
-        files.append(ManifestFile(name, t.num_rows, len(data), hashlib.sha256(data).hexdigest()))
-    m = Manifest(files=tuple(files), schema=tables[0].schema)
-    with open(os.path.join(root, "_manifest.json"), "w") as f:
-        f.write(m.to_json())
+        md = pq.read_metadata(io.BytesIO(data))
+        groups = tuple(md.row_group(k).num_rows for k in range(md.num_row_groups))
+        files.append(ManifestFile(name, t.num_rows, len(data),
+                                  hashlib.sha256(data).hexdigest(), groups, "testdata"))
+    commit_manifest(root, Manifest(files=tuple(files), schema=tables[0].schema))
     return root
 
 

@@ -4,10 +4,10 @@ no hang, every row delivered exactly once per epoch or counted."""
 from __future__ import annotations
 
 import json
-
-from tests.pipelines.conftest import run_worker, wait_all
+from pathlib import Path
 
 from tests._harness import free_port
+from tests.pipelines.conftest import run_worker, wait_all
 
 
 def test_two_hosts_unequal_shards(committed, ray_address, tmp_path):
@@ -35,7 +35,7 @@ def test_two_hosts_unequal_shards(committed, ray_address, tmp_path):
             )
         )
     wait_all(procs, timeout=240)
-    reports = [json.load(open(o)) for o in outs]
+    reports = [json.loads(Path(o).read_text()) for o in outs]
     totals = {"uri": n, "known": sum(sizes), "unknown": sum(sizes)}
     for case in reports[0]:
         kind, remainder = case.split("-")
@@ -81,7 +81,7 @@ def test_close_returns_while_an_exchange_waits(ray_address, tmp_path):
         for pid in range(2)
     ]
     wait_all(procs, timeout=240)
-    r = json.load(open(out))
+    r = json.loads(Path(out).read_text())
     assert r["close_s"] < 1.0, r
     assert r["consumer_returned"] and r["next"] == "StopIteration", r
     assert r["threads_left"] == [], r
@@ -111,7 +111,7 @@ def test_pipeline_split_per_host_and_shared_dataset_refused(ray_address, tmp_pat
         for pid in range(2)
     ]
     wait_all(procs, timeout=300)
-    r0, r1 = (json.load(open(o)) for o in outs)
+    r0, r1 = (json.loads(Path(o).read_text()) for o in outs)
     assert r0["steps"] == r1["steps"] > 0
     for epoch in ("0", "1"):
         ids = r0["epochs"][epoch] + r1["epochs"][epoch]

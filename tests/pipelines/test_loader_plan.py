@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,7 +19,7 @@ files_st = st.lists(st.integers(0, 40), min_size=1, max_size=6).map(
 def test_host_shares_partition_rows_balanced(n, hosts):
     shares = _plan.host_shares(n, hosts)
     assert shares[0][0] == 0 and shares[-1][1] == n
-    assert all(a[1] == b[0] for a, b in zip(shares, shares[1:]))
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(shares))
     sizes = [b - a for a, b in shares]
     assert max(sizes) - min(sizes) <= 1
 

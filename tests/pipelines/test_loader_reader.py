@@ -38,9 +38,9 @@ def _collect(loader):
 @pytest.mark.parametrize(
     "kw",
     [
-        dict(),
-        dict(remainder="pad"),
-        dict(shuffle=True, seed=3, shuffle_buffer_rows=24),
+        {},
+        {"remainder": "pad"},
+        {"shuffle": True, "seed": 3, "shuffle_buffer_rows": 24},
     ],
     ids=["drop", "pad", "shuffle"],
 )

@@ -16,7 +16,6 @@ def env(ray_cluster, jax_cpu):
 
 def test_pipeline_source_runs_once_per_epoch(env, tmp_path):
     import tests.pipelines._count_transform  # noqa: F401 - registers test_count
-
     from slicefeed.pipelines import JaxLoader, Pipeline
 
     raw = tmp_path / "raw"

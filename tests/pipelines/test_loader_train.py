@@ -7,6 +7,7 @@ import os
 import sys
 
 import pytest
+
 from tests.pipelines._data import make_table
 
 # Ray Train v2 is chosen when ray.train is imported.
@@ -83,7 +84,7 @@ def test_jax_trainer_two_workers(ray_cluster, tmp_path):
         ),
     )
     trainer.fit()
-    reports = [json.load(open(out / f"rank{r}.json")) for r in range(2)]
+    reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
     for r in reports:
         assert r["process_count"] == 2 and r["device_count"] == 8
         assert r["traces"] == 1  # one compilation for every step

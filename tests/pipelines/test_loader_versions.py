@@ -15,6 +15,7 @@ def env(ray_cluster, jax_cpu):
 
 def test_loader_keeps_reading_the_version_it_opened(env, local_dir):
     import ray
+
     from slicefeed.connectors import current_version, write_parquet
     from slicefeed.pipelines import JaxLoader
 

@@ -19,8 +19,7 @@ def _write(d: str, name: str, rows: list[int], per_file: int = 15) -> str:
     os.makedirs(src)
     for k in range(0, len(rows), per_file):
         with open(os.path.join(src, f"part-{k // per_file}.jsonl"), "w") as f:
-            for r in rows[k : k + per_file]:
-                f.write(json.dumps({"src": name, "v": r}) + "\n")
+            f.writelines(json.dumps({"src": name, "v": r}) + "\n" for r in rows[k : k + per_file])
     return src
 
 
@@ -71,7 +70,6 @@ def _order(tables: dict[str, pa.Table], weights, seed: int) -> list[str]:
     """The mixture order from the same keys interleave() sorts by, without Ray."""
     from slicefeed.pipelines import _mixture as m
 
-    names = list(tables)
     sizes = [t.num_rows for t in tables.values()]
     counts = plan_counts(sizes, weights)
     p = np.asarray(weights, float) / sum(weights)
@@ -111,6 +109,7 @@ def test_interleave_errors(sources, ray_cluster):
         interleave([web, narrow], [1, 1])
 
 
+@pytest.mark.slow  # a full mixture run plus a survey pass: 91 s measured under load
 def test_pipeline_sources_mixture_reports_per_source_counts(sources, ray_cluster, local_dir):
     import os
 

@@ -6,19 +6,17 @@ import json
 
 import pytest
 
-from tests._harness import put_bytes
 from slicefeed.connectors import (
     AlreadyCommittedError,
     BadRecordError,
     SpecError,
-    read_dataset,
     is_committed,
+    read_dataset,
     read_manifest,
     resolve_filesystem,
 )
 from slicefeed.pipelines import Pipeline
-
-
+from tests._harness import put_bytes
 
 
 def _corpus(base: str, files: int = 3, rows: int = 10) -> str:

@@ -125,7 +125,7 @@ def test_image_recipe_deterministic_by_seed(image_data, local_dir, ray_cluster):
     # Same pipeline, same seed -> identical committed shards (manifest checksums).
     b = os.path.join(local_dir, "run-b")
     _image_run(image_data, b, seed=0)
-    sums = lambda uri: [(f.num_rows, f.sha256) for f in read_manifest(uri).files]  # noqa: E731
+    sums = lambda uri: [(f.num_rows, f.sha256) for f in read_manifest(uri).files]
     assert sums(a) == sums(b)
     # Another seed -> other crops/flips.
     c = os.path.join(local_dir, "run-c")
@@ -181,8 +181,7 @@ def test_text_recipe_report_counts_packing_not_as_filtered(ray_cluster, local_di
     raw = os.path.join(local_dir, "raw")
     os.makedirs(raw)
     with open(os.path.join(raw, "a.jsonl"), "w") as f:
-        for i in range(40):
-            f.write(json.dumps({"text": "word " * (i + 1)}) + "\n")
+        f.writelines(json.dumps({"text": "word " * (i + 1)}) + "\n" for i in range(40))
     p = load_pipeline(recipe_path("text_lm"), [f"source.uri={raw}",
                                               f"sink.uri={os.path.join(local_dir, 'out')}"])
     r = p.run()
@@ -200,7 +199,7 @@ def test_text_recipe_report_counts_packing_not_as_filtered(ray_cluster, local_di
     files = [f for f in glob.glob(os.path.join(local_dir, "out", "*.parquet"))]
     seg = np.concatenate([pc.list_flatten(pq.read_table(f, columns=["segment_ids"]).column(0))
                           .to_numpy() for f in files])
-    pack = [t for t in r.transforms if t["name"] == "pack_sequences"][0]
+    pack = next(t for t in r.transforms if t["name"] == "pack_sequences")
     assert pack["rows_in"] == 40 and pack["rows_out"] == r.rows_written
     assert pack["packing_efficiency"] == pytest.approx((seg != 0).mean(), abs=1e-4)
     assert r.packing_efficiency == pack["packing_efficiency"]

@@ -60,5 +60,5 @@ def test_format_version_is_part_of_the_fingerprint():
     old = dict(parts, format_version=OUTPUT_FORMAT_VERSION - 1)
     assert combine(old) != combine(parts)
     assert what_changed(old, parts, [], []) == [
-        f"the output format version changed (committed: {OUTPUT_FORMAT_VERSION - 1}, "
-        f"this slicefeed: {OUTPUT_FORMAT_VERSION})"]
+        (f"the output format version changed (committed: {OUTPUT_FORMAT_VERSION - 1}, "
+        f"this slicefeed: {OUTPUT_FORMAT_VERSION})")]

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -43,8 +44,7 @@ def _corpus(raw: str) -> None:
     os.makedirs(raw, exist_ok=True)
     for f in range(N_FILES):
         with open(os.path.join(raw, f"f{f:02d}.jsonl"), "w") as fh:
-            for i in range(ROWS):
-                fh.write(json.dumps({"id": f * ROWS + i, "text": f"doc {f}-{i} " * 3}) + "\n")
+            fh.writelines(json.dumps({"id": f * ROWS + i, "text": f"doc {f}-{i} " * 3}) + "\n" for i in range(ROWS))
 
 
 def _spec(tmp_path, marker: str, match: str, seconds: float) -> str:
@@ -147,7 +147,7 @@ def test_sigkill_mid_write_then_rerun_commits_identical_dataset(ray_cluster, tmp
     assert _files(m) == _files(reference)
     assert _shards(sink) == sorted(f.path for f in m.files)
     assert _ids(sink) == list(range(N_FILES * ROWS))
-    report = json.loads(open(os.path.join(sink, "_report.json")).read())
+    report = json.loads(Path(sink, "_report.json").read_text())
     assert report["rows_read"] == report["rows_written"] == N_FILES * ROWS
 
     # Same fingerprint again: exit 0, nothing recomputed.
@@ -186,7 +186,6 @@ def _descendant_of_us(pid: int) -> bool:
 @pytest.mark.timeout(300)
 def test_worker_killed_mid_job_still_completes(ray_cluster, tmp_path):
     import tests.pipelines._stall_transform  # noqa: F401 - registers test_stall
-
     from slicefeed.pipelines import Pipeline
 
     marker = str(tmp_path / "stalled")
@@ -207,7 +206,7 @@ def test_worker_killed_mid_job_still_completes(ray_cluster, tmp_path):
         assert t.is_alive(), f"run ended before the kill: {result}"
         assert time.monotonic() < deadline, "the run never reached the stall"
         time.sleep(0.2)
-    pid = int(open(marker).read())
+    pid = int(Path(marker).read_text())
     # Only ever kill a worker of this test session's own Ray cluster.
     assert pid != os.getpid() and _descendant_of_us(pid), f"pid {pid} is not our Ray worker"
     os.kill(pid, signal.SIGKILL)

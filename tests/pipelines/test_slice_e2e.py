@@ -20,8 +20,8 @@ import pytest
 
 from slicefeed.connectors import resolve_filesystem
 
-# The module fixture runs two JaxTrainer fits (~20 s each on an idle 2-core
-# machine; minutes when other test sessions load it): more than the suite's
+# The module fixture runs two JaxTrainer fits (~20 s each on an idle small
+# machine; minutes on a loaded one): more than the suite's
 # default 300 s per-test timeout allows for the first test.
 pytestmark = [pytest.mark.slice, pytest.mark.timeout(1200)]
 

@@ -96,7 +96,7 @@ def test_uri_templates_date_datetime_env():
     assert out["sink"]["uri"] == "gs://b/nlp/out/2026-01-02/20260102T000000Z"
     assert spec["sink"]["uri"].endswith("{date}/{datetime}"), "the input is not changed"
     # Default: the run's UTC date.
-    today = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")
+    today = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
     out = expand_uri_templates(spec, env={"SF_TEAM": "x"})
     assert out["sink"]["uri"].startswith(f"gs://b/x/out/{today}/{today.replace('-', '')}T")
     with pytest.raises(SpecError, match=r"sink.uri uses \{env:SF_TEAM\} but the environment "

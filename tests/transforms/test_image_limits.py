@@ -24,7 +24,6 @@ import pytest
 import yaml
 from PIL import Image
 
-from tests._harness import put_bytes
 from slicefeed.connectors import SpecError
 from slicefeed.transforms import (
     ERROR_COLUMN,
@@ -35,6 +34,7 @@ from slicefeed.transforms import (
     read_images,
     split_errors,
 )
+from tests._harness import put_bytes
 
 
 def _png(a: np.ndarray) -> bytes:

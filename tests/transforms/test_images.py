@@ -113,7 +113,7 @@ def test_full_chain_shapes_and_schema():
     chain = _chain(0)
     out = apply_transforms(tbl, chain)
     assert out.schema == check_transforms(tbl.schema, chain)
-    images, valid = read_images(out.column("image"))
+    images, _ = read_images(out.column("image"))
     assert images.shape == (6, 16, 16, 3) and images.dtype == np.float32
     assert -2.0 - 1e-6 <= images.min() and images.max() <= 2.0 + 1e-6
 

@@ -27,7 +27,7 @@ TEXTS = [
 ]
 
 
-def _table(texts=TEXTS, type_=pa.string()) -> pa.Table:
+def _table(texts=TEXTS, type_=pa.string()) -> pa.Table:  # noqa: B008 - DataTypes are immutable
     n = len(texts)
     return pa.table(
         {
