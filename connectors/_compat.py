@@ -142,14 +142,20 @@ _RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 
 
 def quiet_ray_logging(verbose: bool) -> None:
-    """Hides Ray's INFO lines and token-auth notice on the console unless ``verbose``.
+    """Hides Ray's INFO lines, token-auth notice and deprecation warnings unless ``verbose``.
 
     Ray Data's console handler (named ``console`` by its logging config) is
     raised to WARNING; its session log files under ``/tmp/ray/session_*/logs``
     keep everything. Call after ``import ray`` and before ``ray.init``.
     """
-    import ray.data  # noqa: F401 - configures the "ray.data" logger
+    import warnings
 
+    import ray.data  # noqa: F401 - configures the "ray.data" logger
+    from ray.util.annotations import RayDeprecationWarning
+
+    if not verbose:
+        # Ray's notices about its own API's future are for developers (-v).
+        warnings.filterwarnings("ignore", category=RayDeprecationWarning)
     level = logging.INFO if verbose else logging.WARNING
     for handler in logging.getLogger("ray.data").handlers:
         if handler.get_name() == "console":

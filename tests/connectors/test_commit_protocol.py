@@ -90,6 +90,7 @@ def test_failed_overwrite_keeps_previous_version_current(ray_cluster, base_uri):
     assert _shards(base_uri) == {f.path for f in m.files}  # the failed run removed its own
 
 
+@pytest.mark.timeout(600)
 def test_overwrite_keeps_old_version_readable_until_vacuum(ray_cluster, base_uri):
     m1 = write_parquet(_ds(10), base_uri, fingerprint="a")
     with pytest.raises(AlreadyCommittedError):

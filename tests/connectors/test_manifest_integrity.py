@@ -137,7 +137,8 @@ def test_loader_checks_shard_size_and_rows(ray_cluster, jax_cpu, local_dir):
         f.write(data[:-9])  # truncated
     msg = rf"{name}: {len(data) - 9} bytes, the manifest says {len(data)}"
     with pytest.raises(ShardMismatchError, match=msg), \
-            JaxLoader(local_dir, global_batch_size=8, num_epochs=1) as loader:
+            JaxLoader(local_dir, global_batch_size=8, num_epochs=1,
+                      dtypes={"i": "int32"}) as loader:
         for _ in loader:
             pass
 

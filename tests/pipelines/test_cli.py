@@ -171,6 +171,7 @@ def test_output_quiet_default_verbose_and_report(spec_file, local_dir):
     assert _ray_lines(r.stdout + r.stderr), r.stderr[-2000:]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_dated_sink(spec_file, local_dir):
     from slicefeed.connectors import is_committed, resolve_filesystem
