@@ -281,6 +281,8 @@ class _Stage:
         self.quarantine = quarantine  # ResolvedPath of <sink>/_quarantine or None
         self.count_input = count_input
         self.stage_id = stage_id or ("read" if count_input else "+".join(t.name for t in self.transforms))
+        #: A unit task's own tally of the counters (kept in its side record).
+        self.local: StageCounts | None = None
 
     def _handle_bad(self, bad: pa.Table, what: Any, delta: StageCounts) -> None:
         from slicefeed.transforms import bad_record_error
@@ -335,6 +337,8 @@ class _Stage:
                 tc.slots, tc.tokens = _padding_counts(table)
             if bad.num_rows:
                 self._handle_bad(bad, t, delta)
+        if self.local is not None:
+            self.local.add(delta)
         if self.counters is not None and delta:
             ray.get(self.counters.add.remote(delta, key))
         return table
@@ -400,6 +404,14 @@ class RunReport:
     #: Arrow bytes of the rows handed to the writer (in memory; what Ray's
     #: "data written" counts). ``bytes_written`` is the Parquet size on disk.
     bytes_in_memory: int = 0
+    #: Shards of an earlier, unfinished run of the same pipeline over the same
+    #: input files that this run verified and committed instead of recomputing.
+    shards_reused: int = 0
+    #: Input files run as units (one task and one shard each); 0 when the
+    #: pipeline cannot run per file (``reuse`` says why).
+    units: int = 0
+    #: "per input file", or why a rerun recomputes every row.
+    reuse: str = ""
 
     @property
     def packing_efficiency(self) -> float | None:
@@ -433,6 +445,10 @@ class RunReport:
         size = f"{self.bytes_written / 1e6:.2f} MB Parquet on disk"
         if self.bytes_in_memory:
             size += f", {self.bytes_in_memory / 1e6:.2f} MB as Arrow in memory"
+        if self.shards_reused:
+            dropped.append(f"reused the verified shards of {self.shards_reused} of {self.units} input "
+                           "files from an earlier run of this pipeline, read "
+                           f"{self.bytes_read / 1e6:.2f} MB of input")
         return (
             f"{self.name}: read {self.rows_read} rows, wrote {self.rows_written} rows in "
             f"{self.files} files ({size}) to {self.sink}"
@@ -583,6 +599,84 @@ class Pipeline:
         Stored in the manifest beside the fingerprint.
         """
         return list_inputs([(s.uri, s.format, dict(s.storage)) for s in self.spec.sources])
+
+    def units_unavailable(self) -> str | None:
+        """None when :meth:`run` writes one shard per input file, so that a rerun
+        after a crash reuses the files finished before it; else why every row of
+        a rerun is recomputed."""
+        srcs = self.spec.sources
+        if len(srcs) != 1:
+            return ("a mixture draws every output block from all sources, so no shard belongs "
+                    "to one input file: a rerun recomputes everything")
+        src = srcs[0]
+        if src.format == "dataset":
+            return "a committed-dataset source is not split into units: a rerun recomputes everything"
+        opts = dict(src.options)
+        if opts.get("shuffle_seed") is not None:
+            return "shuffle_seed reorders rows across input files: a rerun recomputes everything"
+        for t in self.transforms:
+            if t.is_dataset_op:
+                return (f"`{t.name}` works on the whole dataset (its output rows depend on other "
+                        "input files): a rerun recomputes everything")
+            if t.needs_fit:
+                return (f"`{t.name}` is fitted on all of the input, so every row depends on every "
+                        "input file: a rerun recomputes everything")
+        if self.spec.preprocess_on:
+            return "placement.preprocess_on runs the job through Ray Data: a rerun recomputes everything"
+        extra = set(self.spec.sink.options if self.spec.sink is not None else ()) - {
+            "compression", "row_group_size"}
+        if extra:
+            return (f"sink option(s) {sorted(extra)} size shards across input files: a rerun "
+                    "recomputes everything")
+        return None
+
+    def _write_units(self, target: Any, *, writer: str, fingerprint: str, overwrite: bool,
+                     inputs: Sequence[InputFile], counters: Any, quarantine: Any,
+                     report_rel: str, quarantine_rel: str | None, before_commit: Any,
+                     metadata: dict[str, Any], info: dict[str, Any]) -> Manifest:
+        """One Ray task per input file not finished by an earlier run (see ``connectors._units``)."""
+        from slicefeed.connectors import expand_paths
+        from slicefeed.connectors._units import FileReader, Unit, unit_key, write_units
+
+        src = self.spec.sources[0]
+        fmt = get_format(src.format)
+        opts = dict(src.options)
+        source = resolve_filesystem(src.uri, **dict(src.storage))
+        paths = expand_paths(source, suffixes=fmt.listing_suffixes)
+        listed = {f.uri: f for f in inputs}
+        units = []
+        for i, p in enumerate(paths):
+            f = listed.get(source.to_uri(p)) or InputFile(source.to_uri(p), source.fs.size(p), None)
+            units.append(Unit(i, p, f, unit_key(fingerprint, f)))
+        reader = FileReader(
+            src.format, source, columns=opts.get("columns"),
+            mark_errors=self.spec.on_error != "fail",
+            options={k: opts[k] for k in fmt.options if k in opts},
+        )
+        on_error = self.spec.on_error
+        process = _UnitProcess([
+            _Stage([], on_error=on_error, counters=counters, quarantine=quarantine, count_input=True),
+            _Stage(list(self.transforms), on_error=on_error, counters=counters,
+                   quarantine=quarantine,
+                   stage_id="1:" + "+".join(t.name for t in self.transforms), first_index=0),
+            _Output(counters),
+        ])
+
+        def on_reused(counts: list[dict[str, Any]]) -> None:
+            # The reused units' counters, as their tasks tallied them.
+            for c in counts:
+                ray.get(counters.add.remote(counts_from_doc(c)))
+
+        sopts = dict(self.spec.sink.options)
+        result = write_units(
+            target, units, read=reader, process=process, writer_id=writer, overwrite=overwrite,
+            fingerprint=fingerprint, metadata=metadata, inputs=inputs, report=report_rel,
+            quarantine=quarantine_rel, before_commit=lambda m, _counts: before_commit(m),
+            compression=sopts.get("compression", "snappy"),
+            row_group_size=sopts.get("row_group_size"), on_reused=on_reused,
+        )
+        info.update(shards_reused=result.reused, units=result.units, bytes_read=result.bytes_read)
+        return result.manifest
 
     def check(self) -> pa.Schema:
         """Checks the sink and the transforms against the source schema; returns the output schema.
@@ -808,6 +902,12 @@ class Pipeline:
             return decided
         parts, inputs = self._decided
         fp = _rerun.combine(parts)
+        corrupt = False
+        if overwrite and is_committed(target):
+            try:
+                read_manifest(target)
+            except connectors.CorruptManifestError:
+                corrupt = True  # replaced by a full run (the writer keeps the bad file aside)
         t0 = time.perf_counter()
         self.check()
         fitted = self._fitted()
@@ -819,7 +919,8 @@ class Pipeline:
         quarantine_rel = f"{QUARANTINE_DIR}/{writer}" if self.spec.on_error == "quarantine" else None
         quarantine = target.join(quarantine_rel) if quarantine_rel else None
         report_rel = f"{REPORTS_DIR}/{writer}.json"
-        ds = self._dataset(fitted, counters=counters, quarantine=quarantine)
+        ds = (self._dataset(fitted, counters=counters, quarantine=quarantine)
+              if self.units_unavailable() is not None or corrupt else None)
         fit_stats = {f"{i}:{t.name}": t.stats() for i, t in enumerate(fitted) if t.stats()}
         max_frac = self.spec.max_error_fraction
 
@@ -842,7 +943,21 @@ class Pipeline:
                     "raise max_error_fraction."
                 )
 
+        why_not = self.units_unavailable() if not corrupt else (
+            "the committed manifest could not be parsed; it is replaced by a full run")
+        unit_info: dict[str, Any] = {"reuse": why_not or "per input file", "shards_reused": 0,
+                                     "units": 0, "bytes_read": None}
+
         def write() -> Manifest:
+            if why_not is None:
+                return self._write_units(
+                    target, writer=writer, fingerprint=fp, overwrite=overwrite, inputs=inputs,
+                    counters=counters, quarantine=quarantine, report_rel=report_rel,
+                    quarantine_rel=quarantine_rel, before_commit=before_commit,
+                    metadata={"pipeline": self.name, "seed": self.spec.seed,
+                              "fit_stats": fit_stats, _rerun.PARTS_KEY: parts},
+                    info=unit_info,
+                )
             return write_parquet(
                 ds, target.uri, fingerprint=fp, overwrite=overwrite,
                 metadata={"pipeline": self.name, "seed": self.spec.seed, "fit_stats": fit_stats,
@@ -905,8 +1020,12 @@ class Pipeline:
             rows_skipped=skipped, rows_quarantined=quarantined,
             files=len(manifest.files), bytes_written=manifest.num_bytes, wall_s=wall,
             rows_per_s=read / wall if wall > 0 else 0.0, filtered_by=filtered_by,
-            fit_stats=fit_stats, ray_stats=_ray_stats(ds),
-            sources=sources, bytes_read=sum(src["bytes"] for src in sources),
+            fit_stats=fit_stats, ray_stats=_ray_stats(ds) if ds is not None else "",
+            sources=sources,
+            bytes_read=(sum(src["bytes"] for src in sources) if unit_info["bytes_read"] is None
+                        else unit_info["bytes_read"]),
+            shards_reused=unit_info["shards_reused"], units=unit_info["units"],
+            reuse=unit_info["reuse"],
             run_id=manifest.metadata.get("run_id", ""),
             transforms=c.transform_rows(), bytes_in_memory=c.bytes_out,
         )
@@ -971,14 +1090,46 @@ class _Output:
 
     def __init__(self, counters: Any):
         self.counters = counters
+        self.local: StageCounts | None = None
 
     def __call__(self, table: pa.Table) -> pa.Table:
         key = _batch_key("output", table)
         table = _drop_provenance(table)
         if table.num_rows:
-            ray.get(self.counters.add.remote(
-                StageCounts(rows_out=table.num_rows, bytes_out=table.nbytes), key))
+            delta = StageCounts(rows_out=table.num_rows, bytes_out=table.nbytes)
+            if self.local is not None:
+                self.local.add(delta)
+            ray.get(self.counters.add.remote(delta, key))
         return table
+
+
+def counts_doc(c: StageCounts) -> dict[str, Any]:
+    """``c`` as JSON-able data (a unit's side record keeps its counters)."""
+    d = dataclasses.asdict(c)
+    d["transforms"] = [dataclasses.asdict(t) for t in c.transforms.values()]
+    d["unreadable"] = sorted(c.unreadable)
+    return d
+
+
+def counts_from_doc(d: Mapping[str, Any]) -> StageCounts:
+    d = dict(d)
+    tcs = [TransformCounts(**t) for t in d.pop("transforms", ())]
+    unreadable = set(d.pop("unreadable", ()))
+    return StageCounts(**d, transforms={t.index: t for t in tcs}, unreadable=unreadable)
+
+
+class _UnitProcess:
+    """A unit task's transform: every stage over one input file's rows, and their counters."""
+
+    def __init__(self, stages: Sequence[Any]):
+        self.stages = list(stages)
+
+    def __call__(self, table: pa.Table) -> tuple[pa.Table, dict[str, Any]]:
+        counts = StageCounts()
+        for st in self.stages:
+            st.local = counts
+            table = st(table)
+        return table, counts_doc(counts)
 
 
 def _padding_counts(table: pa.Table) -> tuple[int, int]:

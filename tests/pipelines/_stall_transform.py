@@ -47,3 +47,36 @@ class Stall(Transform):
             os.replace(tmp, self.marker)
             time.sleep(self.seconds)
         return table
+
+
+@dataclasses.dataclass(frozen=True)
+class Gate(Transform):
+    """Holds back the files whose name contains one of ``match`` until
+    ``<folder>/released`` exists; the first held batch writes ``<folder>/held``.
+
+    Its only path argument is a folder that exists throughout, so the
+    pipeline's fingerprint (which digests files named by transform arguments)
+    is the same for the held run and its rerun.
+    """
+
+    name: ClassVar[str] = "test_gate"
+    folder: str = ""
+    match: tuple[str, ...] = ()
+    seconds: float = 0.0
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        marker = os.path.join(self.folder, "held")
+        release = os.path.join(self.folder, "released")
+        if PROVENANCE_FILE not in table.column_names or os.path.exists(release):
+            return table
+        files = pc.unique(table[PROVENANCE_FILE]).to_pylist()
+        if any(m in f for f in files for m in self.match):
+            if not os.path.exists(marker):
+                tmp = f"{marker}.{os.getpid()}.tmp"
+                with open(tmp, "w") as f:
+                    f.write(str(os.getpid()))
+                os.replace(tmp, marker)
+            deadline = time.monotonic() + self.seconds
+            while not os.path.exists(release) and time.monotonic() < deadline:
+                time.sleep(0.2)
+        return table

@@ -222,3 +222,109 @@ def test_worker_killed_mid_job_still_completes(ray_cluster, tmp_path):
     assert report.rows_filtered == report.rows_skipped == report.rows_quarantined == 0
     assert read_manifest(sink).num_rows == N_FILES * ROWS
     assert not os.path.exists(resolve_filesystem(sink).join("_quarantine").path)
+
+
+def _records(sink: str) -> list[str]:
+    d = os.path.join(sink, "_units")
+    return sorted(os.listdir(d)) if os.path.isdir(d) else []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_sigkill_after_half_the_shards_rerun_reuses_them(ray_cluster, tmp_path, monkeypatch):
+    """A crash rerun verifies and reuses the shards the killed run finished,
+    reads only the other input files, and commits the rows of a clean run."""
+    import pyarrow.parquet as pq
+
+    raw = str(tmp_path / "raw data")
+    _corpus(raw)
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    marker, release = str(gate / "held"), str(gate / "released")
+    second_half = [f"f{f:02d}" for f in range(N_FILES // 2, N_FILES)]
+    sink, ref_sink = str(tmp_path / "out set"), str(tmp_path / "reference")
+    path = tmp_path / "gate.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "gate",
+        "source": {"format": "jsonl", "uri": raw},
+        "transforms": [
+            {"test_gate": {"folder": str(gate), "match": second_half, "seconds": 300}},
+            {"cast": {"columns": {"id": "int32"}}},
+        ],
+        "sink": {"format": "parquet", "uri": sink},
+    }))
+    spec = str(path)
+
+    monkeypatch.setenv("SLICEFEED_LEASE_TTL_S", "3")
+    proc = _cli(["run", spec])
+    monkeypatch.delenv("SLICEFEED_LEASE_TTL_S")
+    try:
+        deadline = time.monotonic() + 240
+        # The first half of the files is finished (shard + side record); the
+        # second half is held back.
+        while not (os.path.exists(marker) and len(_records(sink)) >= N_FILES // 2):
+            assert proc.poll() is None, f"run ended before the kill: {proc.communicate()}"
+            assert time.monotonic() < deadline, f"the run never got half way: {_records(sink)}"
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    assert not is_committed(sink)
+    finished = len(_records(sink))
+    assert finished == N_FILES // 2, _records(sink)
+    crashed_shards = set(_shards(sink))
+    assert len(crashed_shards) == finished
+    time.sleep(3.5)  # the killed writer's lease lapses
+    open(release, "w").close()
+
+    rc, out, err = _finish(_cli(["run", spec, "--set", f"sink.uri={ref_sink}"]))
+    assert rc == 0, err
+    reference = read_manifest(ref_sink)
+
+    rc, out, err = _finish(_cli(["run", spec]))
+    assert rc == 0, err
+    m = read_manifest(sink)
+    assert m.fingerprint == reference.fingerprint
+    with open(os.path.join(sink, "_report.json")) as fh:
+        report = json.load(fh)
+    total = sum(os.path.getsize(os.path.join(raw, n)) for n in os.listdir(raw))
+    assert report["shards_reused"] == finished, report
+    assert report["units"] == N_FILES
+    assert report["bytes_read"] <= 0.6 * total, (report["bytes_read"], total)
+    assert "reused the verified shards of 10 of 20 input files" in out
+    # The crashed run's shards are committed as they were; the rest are new.
+    assert crashed_shards <= {f.path for f in m.files}
+    assert _files(m) == _files(reference)
+    assert _ids(sink) == list(range(N_FILES * ROWS))
+    rows = sorted(tuple(r.values()) for f in m.files
+                  for r in pq.read_table(os.path.join(sink, f.path)).to_pylist())
+    ref_rows = sorted(tuple(r.values()) for f in reference.files
+                      for r in pq.read_table(os.path.join(ref_sink, f.path)).to_pylist())
+    assert rows == ref_rows
+    # Counts cover every unit, reused or not, as in the clean run.
+    assert report["rows_read"] == report["rows_written"] == N_FILES * ROWS
+    assert _shards(sink) == sorted(f.path for f in m.files)
+    print(f"rerun read {report['bytes_read']} of {total} input bytes "
+          f"({report['bytes_read'] / total:.0%}); reused {report['shards_reused']} shards")
+
+
+@pytest.mark.timeout(300)
+def test_dataset_level_op_reports_that_a_rerun_recomputes_everything(ray_cluster, tmp_path):
+    """A pipeline whose rows depend on other input files runs without units,
+    and its report says why a rerun would recompute everything."""
+    from slicefeed.pipelines import Pipeline
+
+    raw = str(tmp_path / "raw data")
+    _corpus(raw)
+    spec = {
+        "name": "dedup",
+        "source": {"format": "jsonl", "uri": raw},
+        "transforms": [{"deduplicate": {"columns": ["text"]}}],
+        "sink": {"format": "parquet", "uri": str(tmp_path / "out")},
+    }
+    report = Pipeline(spec).run()
+    assert report.units == 0 and report.shards_reused == 0
+    assert "`deduplicate` works on the whole dataset" in report.reuse
+    assert "recomputes everything" in report.reuse
+    assert report.rows_written == N_FILES * ROWS
+    assert not os.path.exists(os.path.join(str(tmp_path / "out"), "_units"))
