@@ -123,12 +123,11 @@ def _run_unit(target: ResolvedPath, unit: Unit, writer: str, read: Callable[[str
     try:
         put_if_absent(target.join(unit.record), doc)
     except FileExistsError:
-        # Another writer finished this unit first (or a lost response of ours).
-        other = _read_record(target, unit)
-        if other is not None and other.get("writer") != writer and _verify(target, other):
-            if entry["path"]:
-                remove_own(target, writer, [entry["path"]], [])
-            return {**other, "reused": True}
+        # Another writer finished this unit first (or the response to our own
+        # create was lost). This run still lists its own shard: a live writer
+        # removes its shards when it loses or fails, so they are never borrowed
+        # from inside a task; only a dead writer's shards are adopted (_reusable).
+        pass
     return entry
 
 
@@ -224,6 +223,7 @@ def write_units(
     compression: str = "snappy",
     row_group_size: int | None = None,
     on_reused: Callable[[list[dict[str, Any]]], None] | None = None,
+    max_retries: int = 2,
 ) -> UnitResult:
     """Computes the units not finished by an earlier run and commits a new version.
 
@@ -233,6 +233,7 @@ def write_units(
     provenance); ``process(table)`` returns the output rows and the unit's
     stage counters. Both run in Ray tasks (one per missing unit).
     ``before_commit(manifest, counts)`` gets every unit's counters.
+    ``max_retries``: reruns of a unit task whose worker died.
 
     Raises:
         AlreadyCommittedError, CommitConflictError: as :func:`write_parquet`.
@@ -263,7 +264,9 @@ def write_units(
         if on_reused is not None:
             on_reused([r.get("counts") or {} for r in reused.values()])
         todo = [u for u in units if u.index not in reused]
-        task = ray.remote(num_cpus=1)(_run_unit)
+        # Bounded like the Ray Data path: a unit that kills its worker every time
+        # ends the run instead of being resubmitted forever.
+        task = ray.remote(num_cpus=1, max_retries=max_retries)(_run_unit)
         refs = [task.remote(target, u, writer_id, read, process, compression, row_group_size)
                 for u in todo]
         results: dict[int, dict[str, Any]] = dict(reused)

@@ -674,6 +674,7 @@ class Pipeline:
             quarantine=quarantine_rel, before_commit=lambda m, _counts: before_commit(m),
             compression=sopts.get("compression", "snappy"),
             row_group_size=sopts.get("row_group_size"), on_reused=on_reused,
+            max_retries=self.spec.task_retries,
         )
         info.update(shards_reused=result.reused, units=result.units, bytes_read=result.bytes_read)
         return result.manifest
