@@ -76,6 +76,7 @@ def test_two_concurrent_writers_exactly_one_commits(ray_cluster, base_uri, tmp_p
     assert list(list_versions(base_uri)) == [1]
 
 
+@pytest.mark.slow
 def test_failed_overwrite_keeps_previous_version_current(ray_cluster, base_uri):
     write_parquet(_ds(10), base_uri, fingerprint="a")
 
@@ -91,6 +92,7 @@ def test_failed_overwrite_keeps_previous_version_current(ray_cluster, base_uri):
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_overwrite_keeps_old_version_readable_until_vacuum(ray_cluster, base_uri):
     m1 = write_parquet(_ds(10), base_uri, fingerprint="a")
     with pytest.raises(AlreadyCommittedError):
@@ -165,6 +167,7 @@ def _write_v1(local_dir: str, sizes: list[int]) -> None:
         json.dump(doc, f)
 
 
+@pytest.mark.slow
 def test_version_1_manifest_reads_as_version_1_and_overwrite_makes_2(ray_cluster, local_dir):
     _write_v1(local_dir, [3, 2])
     m = read_manifest(local_dir)

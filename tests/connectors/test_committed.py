@@ -45,6 +45,7 @@ def _sorted(t: pa.Table) -> pa.Table:
     return t.sort_by("i")
 
 
+@pytest.mark.slow
 def test_round_trip_same_rows_same_schema(ray_cluster, base_uri):
     table = _table()
     ds = ray.data.from_arrow(table).repartition(3)
@@ -128,6 +129,7 @@ _KILLED_WRITER = textwrap.dedent(
 
 
 @pytest.mark.timeout(400)
+@pytest.mark.slow
 def test_killed_writer_leaves_no_manifest_then_rerun_commits(ray_cluster, base_uri, tmp_path):
     flag = str(tmp_path / "started")
     script = tmp_path / "writer.py"

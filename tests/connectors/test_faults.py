@@ -70,6 +70,7 @@ def _digests(uri: str) -> dict[str, str]:
     }
 
 
+@pytest.mark.slow
 def test_pyarrow_copy_under_10pct_faults_is_byte_identical(gcs, bucket, inputs):
     _copy_with_pyarrow(inputs, f"gs://{bucket}/clean", gcs.endpoint)
     with FaultProxy(gcs.host, rate=0.10, seed=5, delay_s=0.3) as proxy:
@@ -91,6 +92,7 @@ def _job(src: str, dst: str, endpoint: str):
     return write_parquet(ds, dst, fingerprint="faults-test", **opts)
 
 
+@pytest.mark.slow
 def test_job_under_10pct_faults_commits_identical_dataset(ray_cluster, gcs, bucket, inputs):
     clean = _job(inputs, f"gs://{bucket}/clean-job", gcs.endpoint)
     with FaultProxy(gcs.host, rate=0.10, seed=11, delay_s=0.3) as proxy:
@@ -157,6 +159,7 @@ def test_404_names_the_gs_uri(gcs, bucket):
     assert time.monotonic() - t0 < 3.0
 
 
+@pytest.mark.slow
 def test_stalled_responses_time_out_and_are_retried(gcs, bucket, inputs):
     import aiohttp
 

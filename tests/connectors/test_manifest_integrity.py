@@ -53,6 +53,7 @@ def _tamper(uri: str, edit) -> None:
     (lambda d: d.update(report="../../x.json"), r"report '\.\./\.\./x\.json' is not a path inside the dataset prefix"),
     (lambda d: d.update(version=7), r"it says version 7 but is stored as version 1"),
 ])
+@pytest.mark.slow
 def test_tampered_manifest_is_a_named_error(ray_cluster, base_uri, edit, message):
     _commit(base_uri)
     _tamper(base_uri, edit)

@@ -156,6 +156,7 @@ def _fails_as_unreadable(local_dir: str, corpus: dict, policy: str) -> bool:
 
 
 @pytest.mark.parametrize("kind", sorted(CORPORA))
+@pytest.mark.slow
 def test_skip_counts_bad_records(ray_cluster, local_dir, kind):
     corpus = CORPORA[kind](local_dir)
     if _fails_as_unreadable(local_dir, corpus, "skip"):

@@ -107,6 +107,7 @@ def test_concurrent_runs_one_commits(ray_cluster, base_uri, tmp_path):
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_failed_overwrite_keeps_previous_version_then_vacuum(ray_cluster, local_dir, tmp_path):
     raw, sink = f"{local_dir}/raw", f"{local_dir}/out"
     _corpus(raw)
@@ -146,6 +147,7 @@ def test_failed_overwrite_keeps_previous_version_then_vacuum(ray_cluster, local_
     lambda raw: raw + "/out",                          # inside the source
     lambda raw: raw + "/{date}/..",                    # a template that expands to it
 ])
+@pytest.mark.slow
 def test_sink_overlapping_source_is_refused(local_dir, tmp_path, sink_of):
     raw = os.path.join(local_dir, "raw")
     _corpus(raw)
@@ -182,6 +184,7 @@ def test_sink_in_spark_style_input_folder_is_refused(local_dir, tmp_path):
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_corrupt_manifest_does_not_block_overwrite(ray_cluster, local_dir, tmp_path):
     raw, sink = f"{local_dir}/raw", f"{local_dir}/out"
     _corpus(raw)

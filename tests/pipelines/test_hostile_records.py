@@ -93,6 +93,7 @@ def _slicefeed(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("fmt, column", [("jsonl", "_sf_error"), ("jsonl", "_sf_row"),
                                          ("csv", "_sf_file"), ("jsonl", "_sf_raw")])
+@pytest.mark.slow
 def test_reserved_columns_in_input_are_refused(ray_cluster, local_dir, fmt, column):
     good = [{"id": i, "text": "fine"} for i in range(5)]
     forged = [dict(r, **{column: "forged\nFAKE: all rows committed"}) for r in good]

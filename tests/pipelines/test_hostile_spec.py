@@ -132,6 +132,7 @@ def test_small_aliases_still_work(raw, local_dir):
     assert _validate(path).names == ["id", "x"]
 
 
+@pytest.mark.slow
 def test_huge_values_are_truncated_in_messages(raw, local_dir):
     big = "x" * 100_000
     path = _write(os.path.join(local_dir, "s.yaml"), _spec(raw, local_dir, seed=big))
@@ -154,6 +155,7 @@ def test_huge_values_are_truncated_in_messages(raw, local_dir):
 
 
 @pytest.mark.parametrize("how", ["yaml-mapping", "yaml-string", "set"])
+@pytest.mark.slow
 def test_inline_credentials_are_never_echoed(raw, local_dir, how):
     spec = _spec(raw, local_dir)
     args = []
@@ -210,6 +212,7 @@ def test_values_that_failed_in_ray_are_refused_by_validate(raw, local_dir, chang
         _validate(path)
 
 
+@pytest.mark.slow
 def test_refused_by_the_cli_with_exit_2(raw, local_dir):
     path = _write(os.path.join(local_dir, "s.yaml"), _spec(raw, local_dir))
     r = slicefeed("validate", path, "--set", "sink.options.compression=rot13",
@@ -240,6 +243,7 @@ def test_spec_in_image_path_is_shell_quoted(raw, local_dir):
     ("id > " + "9" * 40, r"integer literal .* does not fit in 64 bits"),
     ("id in [" + ",".join(map(str, range(12_000))) + "]", r"more than 10000 values; the limit is 10000"),
 ])
+@pytest.mark.slow
 def test_filter_expressions_are_capped(raw, local_dir, expr, match):
     path = _write(os.path.join(local_dir, "s.yaml"),
                   _spec(raw, local_dir, transforms=[{"filter": {"expr": expr}}]))
@@ -250,6 +254,7 @@ def test_filter_expressions_are_capped(raw, local_dir, expr, match):
     assert len(str(e.value)) < 2000
 
 
+@pytest.mark.slow
 def test_filter_type_errors_are_spec_errors_in_the_cli(raw, local_dir):
     path = _write(os.path.join(local_dir, "s.yaml"),
                   _spec(raw, local_dir, transforms=[{"filter": {"expr": "text > 1"}}]))

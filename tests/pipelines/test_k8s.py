@@ -280,6 +280,7 @@ def _slicefeed(*args: str) -> subprocess.CompletedProcess:
     ("transforms:\n  - {tokenise: {column: text}}\n", "tokenise"),
     ("on_eror: skip\n", "on_eror"),
 ])
+@pytest.mark.slow
 def test_k8s_refuses_an_invalid_spec_with_exit_2(tmp_path, mistake, named):
     """What `slicefeed validate` refuses is refused before a manifest is printed."""
     p = tmp_path / "bad.yaml"

@@ -251,6 +251,7 @@ def test_dropped_loader_is_freed(env):
     assert len(_loader_threads()) <= before, [t.name for t in _loader_threads()]
 
 
+@pytest.mark.slow
 def test_prefetch_holds_at_most_n_device_batches(env):
     import jax
 

@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests._harness import free_port
 from tests.pipelines.conftest import run_worker, wait_all
 
 
+@pytest.mark.slow
 def test_two_hosts_unequal_shards(committed, ray_address, tmp_path):
     uri, n = committed
     sizes = [37, 61]  # each host's own Dataset: different sizes
@@ -66,6 +69,7 @@ def test_two_hosts_unequal_shards(committed, ray_address, tmp_path):
     assert len(reports[0]["unknown-drop"]["sums"]) == 2 * (37 // 8)
 
 
+@pytest.mark.slow
 def test_close_returns_while_an_exchange_waits(ray_address, tmp_path):
     """close() returns within a second while the prefetch thread waits for a host
     that never reports (the key-value wait polls; a blocking get cannot be interrupted)."""

@@ -44,6 +44,7 @@ def test_plan_counts():
     assert plan_counts([9, 9, 9], [1, 1, 1]) == [9, 9, 9]
 
 
+@pytest.mark.slow
 def test_interleave_proportions_order_and_determinism(sources, ray_cluster):
     dss = {k: read_jsonl(v, provenance=True) for k, v in sources.items()}
     ds, counts = interleave(dss, [2, 1, 1], seed=7)
@@ -96,6 +97,7 @@ def test_mixture_order_is_a_function_of_the_seed():
             assert abs(sum(x.startswith(name + "/") for x in o7[:n]) - n / 3) <= 1.0
 
 
+@pytest.mark.slow
 def test_interleave_errors(sources, ray_cluster):
     web = read_jsonl(sources["web"], provenance=True)
     with pytest.raises(SpecError, match=r"interleave: 2 datasets but 1 weights"):

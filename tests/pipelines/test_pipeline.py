@@ -51,6 +51,7 @@ def test_dataset_is_lazy_and_transformed(ray_cluster, base_uri):
     assert str(ds.schema().types[0]) == "int32"
 
 
+@pytest.mark.slow
 def test_run_commits_and_reports(ray_cluster, base_uri):
     _corpus(base_uri)
     report = Pipeline(_spec(base_uri)).run()
@@ -73,6 +74,7 @@ def test_run_commits_and_reports(ray_cluster, base_uri):
     assert Pipeline(other).run(overwrite=True).status == "committed"
 
 
+@pytest.mark.slow
 def test_run_is_deterministic(ray_cluster, base_uri):
     _corpus(base_uri)
     a = Pipeline(_spec(base_uri)).run()
@@ -89,6 +91,7 @@ def test_transform_checked_against_source_schema_before_ray(base_uri):
         Pipeline(spec).check()
 
 
+@pytest.mark.slow
 def test_bad_record_fail_names_file_and_row(ray_cluster, base_uri):
     _corpus(base_uri)
     put_bytes(f"{base_uri}/raw/f1.jsonl", '{"id": 100, "score": "7", "text": "a"}\n{"id": 101, "score": "seven", "text": "b"}\n')
@@ -99,6 +102,7 @@ def test_bad_record_fail_names_file_and_row(ray_cluster, base_uri):
     assert not is_committed(f"{base_uri}/out")
 
 
+@pytest.mark.slow
 def test_bad_records_skip_counts_and_quarantine_writes(ray_cluster, base_uri):
     _corpus(base_uri)
     put_bytes(f"{base_uri}/raw/f1.jsonl", '{"id": 100, "score": "7", "text": "a"}\n{"id": 101, "score": "seven", "text": "b"}\n')
@@ -152,6 +156,7 @@ def test_placement_option_constrains_the_whole_execution(ray_cluster, base_uri):
         Pipeline(_spec(base_uri, placement={"preprocess_on": "tpu"}))
 
 
+@pytest.mark.slow
 def test_rerun_decided_from_listing_files_and_format_version(ray_cluster, base_uri, monkeypatch):
     """decide() (no Ray): same input -> nothing to do; a new file or a new version -> refused."""
     from slicefeed.pipelines import _rerun

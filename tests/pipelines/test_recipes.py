@@ -109,6 +109,7 @@ def _image_run(root: str, sink: str, seed: int):
     ).run()
 
 
+@pytest.mark.slow
 def test_image_recipe_deterministic_by_seed(image_data, local_dir, ray_cluster):
     a = os.path.join(local_dir, "run-a")
     report = _image_run(image_data, a, seed=0)
@@ -135,6 +136,7 @@ def test_image_recipe_deterministic_by_seed(image_data, local_dir, ray_cluster):
     assert _read(c).column("label").equals(out.column("label"))
 
 
+@pytest.mark.slow
 def test_tabular_recipe(local_dir, ray_cluster):
     raw = os.path.join(local_dir, "tabular")
     os.makedirs(raw)

@@ -309,6 +309,7 @@ def test_sigkill_after_half_the_shards_rerun_reuses_them(ray_cluster, tmp_path, 
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_dataset_level_op_reports_that_a_rerun_recomputes_everything(ray_cluster, tmp_path):
     """A pipeline whose rows depend on other input files runs without units,
     and its report says why a rerun would recompute everything."""

@@ -47,6 +47,7 @@ def ds(ray_cluster):
     return ray.data.from_arrow(_table()).repartition(2)
 
 
+@pytest.mark.slow
 def test_standardize_fit_with_ray(ds):
     t = Standardize(["x", "y"])
     assert t.needs_fit and not t.is_fitted
@@ -71,6 +72,7 @@ def test_standardize_fit_with_ray(ds):
     assert again.is_fitted and again(tbl).equals(out)
 
 
+@pytest.mark.slow
 def test_min_max_scale_fit_with_ray(ds):
     f = MinMaxScale(["x"], dtype="float64").fit(ds)
     out = f(_table()).column("x").to_numpy()
@@ -80,6 +82,7 @@ def test_min_max_scale_fit_with_ray(ds):
     assert const(pa.table({"x": [1.0, 1.0]})).column("x").to_pylist() == [0.0, 0.0]
 
 
+@pytest.mark.slow
 def test_vocabulary_fit_top_k_and_oov(ds):
     f = Vocabulary("city", top_k=2).fit(ds)
     # paris: 8 (every 4th from i%4==1) + 8 (i%5==0) minus overlap, deterministic tie-break by value.
@@ -180,6 +183,7 @@ def test_deduplicate_table():
     assert Deduplicate()(_dups()).num_rows == 6  # all data columns
 
 
+@pytest.mark.slow
 def test_deduplicate_dataset_op(ray_cluster):
     import ray
 

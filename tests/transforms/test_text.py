@@ -206,6 +206,7 @@ def test_pad_or_truncate_left_and_output_column():
     np.testing.assert_array_equal(dense[:, -1], [5, 6, 0])
 
 
+@pytest.mark.slow
 def test_pad_or_truncate_schema_errors():
     with pytest.raises(SpecError, match=r"PadOrTruncate: column 'tokens' not found; available: ids"):
         PadOrTruncate("tokens", 4).output_schema(_lists().schema)
