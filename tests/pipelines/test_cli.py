@@ -197,17 +197,14 @@ def _closed_port() -> str:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_rerun_sees_input_changes_and_decides_before_ray(spec_file, local_dir):
-    import time
-
     r = slicefeed("-q", "run", spec_file)
     assert r.returncode == 0, r.stderr[-3000:]
-    # Same spec, same input: nothing to do, decided without Ray (no cluster at that address).
+    # Same spec, same input: nothing to do, decided without Ray (no cluster listens at that
+    # address, so a run that started Ray would fail).
     no_ray = {"RAY_ADDRESS": _closed_port()}
-    t0 = time.perf_counter()
     r = slicefeed("run", spec_file, env=no_ray)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "nothing to do" in r.stdout
-    assert time.perf_counter() - t0 < 60  # no Ray start (loaded CI machines are slow)
     # Two files added, one changed: refused, saying so and how to proceed, still without Ray.
     raw = os.path.join(local_dir, "raw")
     for name in ("b.jsonl", "c.jsonl"):
