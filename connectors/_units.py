@@ -55,6 +55,7 @@ from slicefeed.connectors._manifest import (
     now_iso,
     read_manifest,
 )
+from slicefeed.connectors._verify import shard_sha256
 
 logger = logging.getLogger(__name__)
 
@@ -187,10 +188,11 @@ def _verify(target: ResolvedPath, rec: Mapping[str, Any]) -> bool:
         return False
     loc = target.join(name)
     try:
-        data = loc.fs.cat_file(loc.path)
+        if loc.fs.size(loc.path) != rec.get("num_bytes"):
+            return False
+        return shard_sha256(target, name) == rec.get("sha256")
     except FileNotFoundError:
         return False
-    return len(data) == rec.get("num_bytes") and hashlib.sha256(data).hexdigest() == rec.get("sha256")
 
 
 def _reusable(target: ResolvedPath, units: Sequence[Unit], lease: Lease) -> dict[int, dict[str, Any]]:

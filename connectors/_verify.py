@@ -101,8 +101,9 @@ def row_mismatch(uri: str, got: int, expected: int) -> ShardMismatchError:
     )
 
 
-def _sha256(target: ResolvedPath, f: ManifestFile) -> str:
-    loc = target.join(f.path)
+def shard_sha256(target: ResolvedPath, name: str) -> str:
+    """SHA-256 of the file ``name`` in the dataset, streamed in chunks."""
+    loc = target.join(name)
     h = hashlib.sha256()
     with loc.fs.open(loc.path, "rb") as fh:
         while chunk := fh.read(_CHUNK):
@@ -120,7 +121,7 @@ def check_checksums(target: ResolvedPath, manifest: Manifest) -> None:
     if not files:
         return
     with concurrent.futures.ThreadPoolExecutor(min(_THREADS, len(files))) as pool:
-        digests = list(pool.map(lambda f: _sha256(target, f), files))
+        digests = list(pool.map(lambda f: shard_sha256(target, f.path), files))
     for f, d in zip(files, digests):
         if d != f.sha256:
             raise ShardMismatchError(
