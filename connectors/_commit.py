@@ -81,15 +81,20 @@ def _lease_ttl() -> float:
 # -- writes -----------------------------------------------------------------------
 
 
+def _write_durable(path: str, data: bytes) -> None:
+    """Writes a local file and fsyncs it, so a rename or link of it exposes all of ``data``."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def write_atomic(target: ResolvedPath, data: bytes) -> None:
     """Writes ``data`` so a reader sees all of it or nothing (replacing; writer-owned files only)."""
     if target.protocol == "file":
         os.makedirs(os.path.dirname(target.path), exist_ok=True)
         tmp = f"{target.path}.tmp-{uuid.uuid4().hex}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        _write_durable(tmp, data)
         os.replace(tmp, target.path)
     else:
         # One object PUT: GCS makes an object visible only once fully uploaded.
@@ -114,10 +119,7 @@ def put_if_absent(target: ResolvedPath, data: bytes) -> None:
         os.makedirs(d, exist_ok=True)
         tmp = os.path.join(d, f".{os.path.basename(target.path)}.tmp-{uuid.uuid4().hex}")
         try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+            _write_durable(tmp, data)
             os.link(tmp, target.path)
         finally:
             try:
