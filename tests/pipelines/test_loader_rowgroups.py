@@ -111,3 +111,47 @@ def test_row_group_bound_holds_for_uneven_rows():
     assert max(pf.read_row_group(g).nbytes for g in range(len(groups))) <= 4096
     _, default = encode_shard(t)
     assert default == [2000]  # 64 MiB default
+
+
+@pytest.mark.slow
+def test_pipeline_sink_option_row_group_bytes(ray_cluster, local_dir):
+    """`sink.options.row_group_bytes` reaches the shard writer of a pipeline run."""
+    import json
+
+    from slicefeed.connectors import read_manifest
+    from slicefeed.pipelines import Pipeline
+
+    raw = os.path.join(local_dir, "raw")
+    os.makedirs(raw)
+    for f in range(2):
+        with open(os.path.join(raw, f"f{f}.jsonl"), "w") as fh:
+            fh.writelines(json.dumps({"id": f * 100 + i}) + "\n" for i in range(100))
+    out = os.path.join(local_dir, "out")
+    spec = {
+        "name": "rowgroups",
+        "source": {"format": "jsonl", "uri": raw},
+        "transforms": [{"cast": {"columns": {"id": "int32"}}}],
+        "sink": {"format": "parquet", "uri": out, "options": {"row_group_bytes": 128}},
+    }
+    assert Pipeline(spec).run().status == "committed"
+    m = read_manifest(out)
+    assert m.num_rows == 200
+    for f in m.files:
+        pf = pq.ParquetFile(os.path.join(out, f.path))
+        assert list(f.row_groups) == [
+            pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)]
+        assert len(f.row_groups) > 1
+        assert max(pf.read_row_group(g).nbytes for g in range(len(f.row_groups))) <= 128
+
+
+def test_state_of_the_file_window_reader_is_refused_clearly(jax_cpu, datasets):
+    from slicefeed.connectors import SpecError
+    from slicefeed.pipelines import JaxLoader
+
+    loader = JaxLoader(datasets["pyarrow"], global_batch_size=16)
+    next(loader)
+    state = dict(loader.state_dict(), version=2)
+    loader.close()
+    with pytest.raises(SpecError, match=r"version 2\) was saved by an older slicefeed .* "
+                                        r"another row order"):
+        JaxLoader(datasets["pyarrow"], global_batch_size=16, state=state)
