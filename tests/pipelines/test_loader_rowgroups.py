@@ -155,3 +155,23 @@ def test_state_of_the_file_window_reader_is_refused_clearly(jax_cpu, datasets):
     with pytest.raises(SpecError, match=r"version 2\) was saved by an older slicefeed .* "
                                         r"another row order"):
         JaxLoader(datasets["pyarrow"], global_batch_size=16, state=state)
+
+
+@pytest.mark.parametrize("shuffle", [False, True], ids=["ordered", "shuffled"])
+def test_resume_inside_a_streamed_row_group_is_exact(jax_cpu, datasets, shuffle):
+    """A state saved mid-way through a row group read in chunks resumes on the
+    very next row (step 9 of 16-row batches with 64-row windows: inside a chunk)."""
+    from slicefeed.pipelines import JaxLoader
+
+    kw = {"global_batch_size": 16, "shuffle": shuffle, "seed": 2, "shuffle_buffer_rows": 64,
+          "columns": ["id"], "num_epochs": 2}
+    full = [np.asarray(b["id"]) for b in JaxLoader(datasets["pyarrow"], **kw)]
+    first = JaxLoader(datasets["pyarrow"], **kw)
+    for _ in range(len(full) // 2 + 9):  # into the second epoch
+        next(first)
+    state = first.state_dict()
+    first.close()
+    rest = [np.asarray(b["id"]) for b in JaxLoader(datasets["pyarrow"], state=state, **kw)]
+    assert len(rest) == len(full) - (len(full) // 2 + 9)
+    for a, b in zip(full[len(full) - len(rest):], rest):
+        np.testing.assert_array_equal(a, b)
