@@ -103,7 +103,6 @@ def _run_unit(target: ResolvedPath, unit: Unit, writer: str, read: Callable[[str
               compression: str, row_group_size: int | None,
               row_group_bytes: int | None = None) -> dict[str, Any]:
     """Ray task body: read one file, transform it, write its shard and side record."""
-
     table, counts = process(read(unit.path))
     entry: dict[str, Any] = {"index": unit.index, "key": unit.key, "writer": writer,
                              "counts": counts, "path": None, "num_rows": 0}
