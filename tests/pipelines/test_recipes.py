@@ -231,12 +231,11 @@ def test_text_recipe_report_counts_packing_not_as_filtered(ray_cluster, local_di
     import glob
 
     import numpy as np
-    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     files = [f for f in glob.glob(os.path.join(local_dir, "out", "*.parquet"))]
-    seg = np.concatenate([pc.list_flatten(pq.read_table(f, columns=["segment_ids"]).column(0))
-                          .to_numpy() for f in files])
+    seg = np.concatenate([pq.read_table(f, columns=["segment_ids"]).column(0).combine_chunks()
+                          .to_numpy_ndarray().ravel() for f in files])
     pack = next(t for t in r.transforms if t["name"] == "pack_sequences")
     assert pack["rows_in"] == 40 and pack["rows_out"] == r.rows_written
     assert pack["packing_efficiency"] == pytest.approx((seg != 0).mean(), abs=1e-4)
