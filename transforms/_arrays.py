@@ -74,8 +74,13 @@ def list_parts(arr: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray,
 
 
 def is_tensor(t: pa.DataType) -> bool:
-    """Whether ``t`` is Arrow's canonical ``fixed_shape_tensor`` extension type."""
-    return isinstance(t, pa.FixedShapeTensorType)
+    """Whether ``t`` is Arrow's canonical ``fixed_shape_tensor`` extension type,
+    stored row-major (a tensor with a dimension permutation is not: reading its
+    storage as row-major would reorder every row, so it is no tensor here)."""
+    if not isinstance(t, pa.FixedShapeTensorType):
+        return False
+    perm = t.permutation
+    return not perm or list(perm) == sorted(perm)
 
 
 def tensor_type(value_type: pa.DataType, shape: tuple[int, ...] | list[int]) -> pa.DataType:

@@ -96,3 +96,21 @@ def test_tensor_and_fixed_size_list_layouts_load_alike(env, local_dir, shuffle):
     np.testing.assert_array_equal(new["tokens"], ids[:, None] * 100 + np.arange(16))
     want = ((ids[:, None] + np.arange(24)) / 8 - 1).astype(ml_dtypes.bfloat16).reshape(N, 4, 3, 2)
     np.testing.assert_array_equal(new["image"].view(np.uint16), want.view(np.uint16))
+
+
+def test_permuted_tensor_is_refused_not_reordered(env, local_dir):
+    """A tensor stored in another dimension order cannot be a row-major view:
+    refused at construction, naming the column, instead of transposed rows."""
+    from slicefeed.connectors import SpecError
+    from slicefeed.pipelines import JaxLoader
+
+    t = pa.fixed_shape_tensor(pa.int32(), (2, 4), permutation=[1, 0])
+    col = pa.ExtensionArray.from_storage(
+        t, pa.FixedSizeListArray.from_arrays(pa.array(np.arange(N * 8, dtype=np.int32)), 8))
+    uri = os.path.join(local_dir, "permuted")
+    _commit(uri, pa.table({"m": col, "label": pa.array(np.arange(N, dtype=np.int32))}))
+    with pytest.raises(SpecError, match=r"column 'm' is a tensor stored with dimension permutation \[1, 0\]"):
+        JaxLoader(uri, global_batch_size=8)
+    loader = JaxLoader(uri, global_batch_size=8, exclude=["m"])
+    assert next(loader)["label"].shape == (8,)
+    loader.close()

@@ -218,3 +218,15 @@ def test_image_transforms_accept_both_layouts(name):
         read_images(_fixed_images("fixed_size_list").column("image"))[0],
         read_images(_fixed_images("tensor").column("image"))[0],
     )
+
+
+def test_permuted_tensors_are_refused_by_the_schema_check():
+    from slicefeed.connectors import SpecError
+
+    for shape, perm, chain in (
+        ((4, 2), [1, 0], [PadOrTruncate("x", 3)]),
+        ((6, 4, 3), [1, 0, 2], [CenterCrop(height=2, width=2)]),
+    ):
+        t = pa.fixed_shape_tensor(pa.uint8(), shape, permutation=perm)
+        with pytest.raises(SpecError, match="expected"):
+            check_transforms(pa.schema([pa.field("x" if len(shape) == 2 else "image", t)]), chain)
