@@ -41,6 +41,9 @@ class ReadContext:
     # Rows of this host's share to read per epoch (``None``: all); rows beyond it
     # are dropped by the equal-step plan and never read.
     limit_rows: int | None = None
+    # A committed dataset's epoch resumed on another host layout: the rows this
+    # host delivers in that epoch (``_plan.elastic_epoch``); ``None``: the plan.
+    spans: tuple[_plan.Span, ...] | None = None
 
 
 class Source(Protocol):
@@ -224,10 +227,12 @@ def read_window(batch: dict, *, fs, base_dir: str, columns: list[str]) -> pa.Tab
         table = pa.concat_tables(
             [t.slice(p[0] - b, len(p)) for t, p, b in zip(tables, positions, starts)]
         )
+        if spec.get("stop") is not None:
+            return table.slice(spec["skip"], spec["stop"] - spec["skip"])
         return table.slice(spec["skip"]) if spec["skip"] else table
     order = np.concatenate(positions)
     order = order[_plan.window_permutation(spec["rng"], len(order))]
-    order = order[spec["skip"]:]
+    order = order[spec["skip"]:spec.get("stop")]
     # take() on the unsliced tables: pyarrow 26's take on a *sliced* nested
     # fixed_size_list array returns wrong rows (tests/pipelines/test_loader.py::
     # test_pyarrow_nested_fsl_take_bug documents it); offsets 0 are safe.
@@ -272,11 +277,11 @@ class ManifestSource:
 
     kind = "manifest"
 
-    def __init__(self, uri: str, fs_kwargs: Mapping[str, Any]):
+    def __init__(self, uri: str, fs_kwargs: Mapping[str, Any], version: int | None = None):
         from slicefeed.connectors import read_manifest, resolve_filesystem
 
         self.uri = uri
-        self.manifest = read_manifest(uri, **fs_kwargs)
+        self.manifest = read_manifest(uri, version=version, **fs_kwargs)
         self.resolved = resolve_filesystem(uri, **fs_kwargs)
         #: The version this loader reads for its whole life (an overwrite keeps its files).
         self.version = self.manifest.version
@@ -292,7 +297,8 @@ class ManifestSource:
 
     def fingerprint(self) -> dict:
         h = hashlib.sha256(json.dumps(self.files).encode()).hexdigest()[:16]
-        return {"source": self.kind, "num_rows": self.num_rows, "files": h}
+        return {"source": self.kind, "dataset_version": self.version, "num_rows": self.num_rows,
+                "files": h}
 
     def share_sizes(self, process_count: int) -> list[int]:
         return [b - a for a, b in _plan.host_shares(self.num_rows, process_count)]
@@ -308,6 +314,8 @@ class ManifestSource:
         return _plan.pieces(self.files, order, start, stop)
 
     def tables(self, epoch: int, skip_rows: int, ctx: ReadContext) -> Iterator[pa.Table]:
+        if ctx.spans is not None:
+            return self._span_tables(ctx.spans, epoch, skip_rows, ctx)
         windows = _plan.windows(self.share(epoch, ctx), ctx.window_rows)
         first = skip_rows // ctx.window_rows
         skip = skip_rows - first * ctx.window_rows
@@ -326,6 +334,27 @@ class ManifestSource:
                     spec["pieces"] = _plan.skip_pieces(windows[k], skip)
             spec["expect"] = {p: self.expect[p] for p, _, _ in spec["pieces"]}
             items.append({"w": k, "spec": json.dumps(spec)})
+        return self._read_items(items, epoch, ctx)
+
+    def _span_tables(self, spans, epoch: int, skip_rows: int, ctx: ReadContext) -> Iterator[pa.Table]:
+        """A resumed epoch's spans from row ``skip_rows``: a shuffled span reads its
+        whole window and delivers rows ``[lo, hi)`` of its permutation; an
+        unshuffled one reads only its rows."""
+        items = []
+        for k, s in enumerate(_plan.cut_spans(spans, skip_rows, _plan.spans_rows(spans))):
+            spec = {
+                "pieces": s.pieces,
+                "shuffle": s.rng is not None,
+                "rng": list(s.rng) if s.rng is not None else None,
+                "skip": s.lo,
+                "stop": s.hi,
+                "expect": {p: self.expect[p] for p, _, _ in s.pieces},
+            }
+            items.append({"w": k, "spec": json.dumps(spec)})
+        return self._read_items(items, epoch, ctx)
+
+    def _read_items(self, items: list[dict], epoch: int, ctx: ReadContext) -> Iterator[pa.Table]:
+        """Tables of ``ctx.batch_rows`` rows from window specs, read in order."""
         if not items:
             return iter(())
         fn_kwargs = {
@@ -346,6 +375,9 @@ class ManifestSource:
         return _ray_tables(ds, epoch, 0, dataclasses.replace(ctx, shuffle=False))
 
     def locate(self, epoch: int, row: int, ctx: ReadContext) -> str:
+        if ctx.spans is not None:
+            path, file_row, _ = _plan.locate_span(ctx.spans, row)
+            return f"file {path!r} row {file_row}"
         k = row // ctx.window_rows
         rng = _plan.window_rng(ctx.seed, epoch, ctx.process_index, k) if ctx.shuffle else None
         path, file_row, _ = _plan.locate(self.share(epoch, ctx), ctx.window_rows, row, rng)
@@ -369,6 +401,7 @@ def make_source(
     process_index: int = 0,
     process_count: int = 1,
     host_local: bool = False,
+    version: int | None = None,
 ) -> Source:
     """The :class:`Source` for what the user passed.
 
@@ -376,12 +409,14 @@ def make_source(
     files (host ``i`` of ``n`` reads files ``i::n``); a ``ray.data.Dataset`` is
     refused unless ``host_local`` says it is this host's own data.
 
+    ``version`` opens that version of a committed dataset (a resumed state's).
+
     Raises:
         SpecError: an unsupported source, a ``.dataset()`` that returns no
             Dataset, or a Dataset shared by several processes.
     """
     if isinstance(source, str) or hasattr(source, "__fspath__"):
-        return ManifestSource(str(source), fs_kwargs)
+        return ManifestSource(str(source), fs_kwargs, version)
     import ray.data
 
     shared = process_count > 1 and not host_local
