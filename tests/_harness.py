@@ -8,18 +8,57 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
+# Ports handed out by this process; never handed out twice.
+_HANDED_OUT: set[int] = set()
+# Ray's worker processes take ports 10002-19999 by default.
+_FIXED_PORT_FLOOR = 20000
+
+
+def _ephemeral_floor() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
 
 def free_port() -> int:
-    """A free TCP port on loopback."""
+    """A TCP port on loopback that is free now and stays out of others' way.
+
+    A port the kernel picks (``bind(0)``) comes from the ephemeral range, and
+    the kernel hands the same range to every outgoing connection and every
+    other ``bind(0)``: between this call and the moment a server binds the
+    port, a Ray process on the machine can take it ("Address already in use").
+    So ports come from below the ephemeral range and above Ray's worker-port
+    range, checked free by a bind, and never twice from one process. Where
+    the machine leaves no such range, the kernel picks.
+    """
+    floor = _ephemeral_floor()
+    if floor - _FIXED_PORT_FLOOR >= 1000:
+        rng = random.Random()
+        for _ in range(200):
+            port = rng.randrange(_FIXED_PORT_FLOOR, floor)
+            if port in _HANDED_OUT:
+                continue
+            with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            _HANDED_OUT.add(port)
+            return port
     with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port = s.getsockname()[1]
+    _HANDED_OUT.add(port)
+    return port
 
 
 def wait_http(url: str, timeout: float = 30.0) -> None:
