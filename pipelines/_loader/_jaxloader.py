@@ -50,9 +50,14 @@ class JaxLoader:
     - ``prefetch=N`` keeps at most N batches on the devices ahead of the
       consumer (``0``: produce in the consumer's thread). A producer error is
       re-raised by every later ``next()`` with its original traceback.
-    - ``state_dict()`` is the position of the next batch the consumer gets;
-      ``state=`` resumes there exactly, and refuses a state saved for other
-      data or configuration, naming every key that differs.
+    - ``state_dict()`` is the position of the next batch the consumer gets
+      (the same on every host); ``state=`` resumes there exactly, and refuses a
+      state saved for other data or configuration, naming every key that
+      differs. For a committed dataset the state may come from another number
+      of hosts (same ``global_batch_size``): what the old hosts had left of the
+      epoch is re-split among the new ones, so over the epoch every row is
+      still delivered once (``"pad"``; ``"drop"`` drops at most one batch per
+      host at its end), and later epochs are planned for the new hosts.
     - ``close()`` (or dropping the last reference) stops reading and frees the
       prefetched batches within about a second.
     - Loaders must be created in the same order on every host (multi-host
@@ -350,7 +355,8 @@ class JaxLoader:
 
     def __len__(self) -> int:
         """Steps per epoch, when known before reading (committed datasets, Datasets
-        whose row count Ray knows from metadata).
+        whose row count Ray knows from metadata). The rest of an epoch resumed
+        from a state saved on another host layout has fewer steps.
 
         Raises:
             TypeError: the count is only found while reading (the hosts agree
