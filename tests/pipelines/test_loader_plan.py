@@ -98,7 +98,7 @@ def _rows(spans) -> list[tuple[str, int]]:
     return out
 
 
-@settings(max_examples=150)
+@settings(max_examples=60, deadline=None)  # timing varies on a loaded machine
 @given(
     files=files_st,
     hosts=st.integers(1, 4),
@@ -144,7 +144,7 @@ def test_host_spans_deliver_what_the_unresumed_plan_delivers(
 stage_st = st.tuples(st.integers(1, 4), st.integers(1, 6), st.floats(0, 1))
 
 
-@settings(max_examples=300)
+@settings(max_examples=100, deadline=None)
 @given(
     files=files_st,
     chain=st.lists(stage_st, min_size=1, max_size=3),
@@ -218,6 +218,7 @@ def test_elastic_resume_delivers_every_row_once(
         assert total - len(delivered) <= hosts * lb
 
 
+@settings(max_examples=50, deadline=None)
 @given(
     spans=st.lists(
         st.tuples(st.integers(0, 30), st.booleans(), st.integers(0, 3)), min_size=1, max_size=5
