@@ -160,9 +160,9 @@ class JaxLoader:
             hosts = state.get("hosts") if isinstance(state, Mapping) else None
             if isinstance(hosts, Mapping) and hosts.get("process_count") != jax.process_count():
                 raise SpecError(
-                    f"{e} The state being resumed was saved on {hosts.get('process_count')!r} "
-                    "host(s); a resumed run keeps its global_batch_size, so resume on a host "
-                    "count that splits it."
+                    f"{e} (That size is for a fresh start: the state being resumed was saved "
+                    f"on {_short(hosts.get('process_count'))} host(s), and a resumed run keeps "
+                    "its global_batch_size, so resume it on a host count whose devices split it.)"
                 ) from None
             raise
         self.global_batch_size = placement.global_batch_size
