@@ -7,6 +7,8 @@ takes the same re-split path, and the refusals.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -81,6 +83,14 @@ def test_resume_on_another_layout_delivers_each_row_once(jax_cpu, committed, rem
     d = JaxLoader(uri, shuffle_buffer_rows=32, **kw)
     d.load_state_dict(sd_b)
     assert _take(d) == rest
+
+    # an error in a resumed epoch names the file and row of the bad value
+    # (files of 30, 45, 17, 50 rows: ids 92.. are in part-00003)
+    e = JaxLoader(uri, shuffle_buffer_rows=32, dtypes={"id": "int8"}, state=sd_b, **kw)
+    with pytest.raises(SpecError, match=r"file 'part-00003.parquet' row (\d+): value (\d+)") as err:
+        _take(e)
+    row, value = re.search(r"row (\d+): value (\d+)", str(err.value)).groups()
+    assert int(value) == 92 + int(row) > 127
 
 
 def test_other_layout_refused_for_other_sources_and_old_states(jax_cpu, ray_cluster, committed):
