@@ -431,12 +431,14 @@ class JaxLoader:
     # ------------------------------------------------------------------ state
 
     def _load_state(self, state: Mapping[str, Any]) -> None:
+        if state.get("version") == 2:
+            state = self._upgrade_v2(state)
         if state.get("version") != STATE_VERSION:
             raise SpecError(
                 f"JaxLoader: state version {_short(state.get('version'))} is not supported "
-                f"(expected {STATE_VERSION}: states record the host layout since version 3); "
-                "start from the beginning of an epoch (state=None) or resume with the "
-                "slicefeed version that saved it."
+                f"(this slicefeed reads versions 2 and {STATE_VERSION}); start from the "
+                "beginning of an epoch (state=None) or resume with the slicefeed version "
+                "that saved it."
             )
         if state.get("seed") != self.seed:
             raise SpecError(
@@ -506,6 +508,22 @@ class JaxLoader:
                 f"this loader ({steps} steps in that epoch)."
             )
         self._epoch, self._step, self._resumed = epoch, step, resumed
+
+    def _upgrade_v2(self, state: Mapping[str, Any]) -> dict:
+        """A version-2 state as version 3: its plan held the host count and window
+        size (the local batch is the global batch over the hosts) and no dataset
+        version (the file list in the fingerprint still identifies the data)."""
+        plan = state.get("plan")
+        if not isinstance(plan, Mapping):
+            return dict(state)  # refused by the plan check
+        plan = dict(plan)
+        hosts = {"process_count": plan.pop("process_count", None),
+                 "window_rows": plan.pop("window_rows", None)}
+        count, gbs = hosts["process_count"], plan.get("global_batch_size")
+        hosts["local_batch_size"] = gbs // count if _count(count) and count and _count(gbs) else None
+        if "dataset_version" in self._plan and "dataset_version" not in plan:
+            plan["dataset_version"] = self._plan["dataset_version"]
+        return {**state, "version": STATE_VERSION, "plan": plan, "hosts": hosts, "stages": []}
 
     def _advance(self, epoch: int, step: int) -> None:
         steps = self.steps_per_epoch
