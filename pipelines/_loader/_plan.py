@@ -242,7 +242,12 @@ def host_spans(
 ) -> list[Span]:
     """A host's whole epoch as spans, as the unresumed plan delivers it: the
     windows of its share (cut at ``limit`` rows, the rows of the agreed steps),
-    then the rest of the share (rows the plan drops) in file order."""
+    then the rest of the share (rows the plan drops) in file order.
+
+    Must describe exactly what ``ManifestSource.tables`` reads without spans
+    (same share, windows and window seeds); change the two together
+    (``test_host_spans_deliver_what_the_unresumed_plan_delivers`` and the
+    exactly-once resume tests check it)."""
     num_rows = sum(n for _, n in files)
     order = epoch_file_order(len(files), seed, epoch, shuffle)
     start, stop = host_shares(num_rows, process_count)[process_index]

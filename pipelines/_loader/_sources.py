@@ -316,6 +316,7 @@ class ManifestSource:
     def tables(self, epoch: int, skip_rows: int, ctx: ReadContext) -> Iterator[pa.Table]:
         if ctx.spans is not None:
             return self._span_tables(ctx.spans, epoch, skip_rows, ctx)
+        # The plan below is mirrored by _plan.host_spans (elastic resume): change both.
         windows = _plan.windows(self.share(epoch, ctx), ctx.window_rows)
         first = skip_rows // ctx.window_rows
         skip = skip_rows - first * ctx.window_rows
