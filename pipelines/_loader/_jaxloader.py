@@ -19,9 +19,12 @@ from slicefeed.pipelines._loader._prefetch import Runtime
 from slicefeed.pipelines._loader._produce import Producer, Stats
 from slicefeed.pipelines._loader._sources import ManifestSource, ReadContext, make_source
 
-# 3: the host layout ("hosts") and the epoch's earlier layouts ("stages") are
-# recorded apart from the plan, so a committed dataset resumes on other hosts.
-STATE_VERSION = 3
+#: Version 4: the host layout ("hosts") and the epoch's earlier layouts ("stages")
+#: are recorded apart from the plan, so a committed dataset resumes on other hosts
+#: (a version-3 state is upgraded). Version 3: committed datasets are read in
+#: row-group windows (another row order than version 2's file windows), so a
+#: version-2 state cannot resume exactly.
+STATE_VERSION = 4
 # Rows per read window of a committed dataset when not shuffling: ~32 MB of decoded
 # rows per read (benchmarks/loader.py: 64 MB of *compressed* Parquet made the first
 # window 4x larger and multiplied the time to first batch).
@@ -264,8 +267,10 @@ class JaxLoader:
             ray_prefetch_batches=opts.ray_prefetch_batches,
             stop=stop,
             limit_rows=limit,
+            on_read=None,
         )
         self._stats = Stats()
+        ctx = dataclasses.replace(ctx, on_read=self._stats.record)
         producer = Producer(
             source=src,
             ctx=ctx,
@@ -372,12 +377,21 @@ class JaxLoader:
         return self.steps_per_epoch
 
     def stats(self) -> dict:
-        """Counters: rows (real rows delivered by this host), batches, bytes (host
-        bytes delivered), dropped_rows, padded_rows, host_copies (full-column copies
-        made while converting), input stall (time ``next()`` waited, total/max/last/
-        mean per step), time_to_first_batch_s (from construction)."""
+        """Counters of this host: ``rows`` / ``rows_delivered`` (real rows
+        delivered), ``rows_decoded`` (rows the reader decoded, or Ray produced,
+        including rows read only to be skipped), ``rows_decoded_peak`` (most
+        decoded rows one read held at once), batches, bytes (host bytes
+        delivered), dropped_rows, padded_rows, ``host_copies`` / ``host_copy_bytes``
+        (every host-side copy of a column the loader makes: chunk
+        concatenation, bool unpacking, ``dtypes`` casts, list padding, partial-
+        batch padding, the shuffle permutation of a window, a window's put into
+        Ray's object store with ``reader="ray"``; copies inside Ray Data for a
+        Dataset source are Ray's and not counted), input stall (time ``next()``
+        waited, total/max/last/mean per step), time_to_first_batch_s (from
+        construction)."""
         with self._stats.lock:
             s = dict(self._stats.values)
+        s["rows_delivered"] = s["rows"]
         s["input_stall_s_mean"] = s["input_stall_s_total"] / max(s["batches"], 1)
         s["steps_per_epoch"] = self.steps_per_epoch
         return s
@@ -432,11 +446,18 @@ class JaxLoader:
 
     def _load_state(self, state: Mapping[str, Any]) -> None:
         if state.get("version") == 2:
-            state = self._upgrade_v2(state)
+            raise SpecError(
+                "JaxLoader: this state (version 2) was saved by an older slicefeed that read "
+                "committed datasets in another row order; it cannot resume exactly with this "
+                f"version (state version {STATE_VERSION}). Start the loader without state= "
+                "at the saved epoch boundary, or finish the run with the older slicefeed."
+            )
+        if state.get("version") == 3:
+            state = self._upgrade_v3(state)
         if state.get("version") != STATE_VERSION:
             raise SpecError(
                 f"JaxLoader: state version {_short(state.get('version'))} is not supported "
-                f"(this slicefeed reads versions 2 and {STATE_VERSION}); start from the "
+                f"(this slicefeed reads versions 3 and {STATE_VERSION}); start from the "
                 "beginning of an epoch (state=None) or resume with the slicefeed version "
                 "that saved it."
             )
@@ -493,7 +514,7 @@ class JaxLoader:
         if stages:
             try:
                 plan = _plan.elastic_epoch(
-                    self._source.files, seed=self.seed, epoch=epoch, shuffle=self.shuffle,
+                    self._source.units, seed=self.seed, epoch=epoch, shuffle=self.shuffle,
                     remainder=self.remainder, stages=stages, process_count=self.process_count,
                     process_index=self.process_index, local_batch_size=self.local_batch_size,
                 )
@@ -509,8 +530,8 @@ class JaxLoader:
             )
         self._epoch, self._step, self._resumed = epoch, step, resumed
 
-    def _upgrade_v2(self, state: Mapping[str, Any]) -> dict:
-        """A version-2 state as version 3: its plan held the host count and window
+    def _upgrade_v3(self, state: Mapping[str, Any]) -> dict:
+        """A version-3 state as version 4: its plan held the host count and window
         size (the local batch is the global batch over the hosts) and no dataset
         version (the file list in the fingerprint still identifies the data)."""
         plan = state.get("plan")

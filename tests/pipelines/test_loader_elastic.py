@@ -108,8 +108,10 @@ def test_other_layout_refused_for_other_sources_and_old_states(jax_cpu, ray_clus
     uri, _ = committed
     sd = JaxLoader(uri, global_batch_size=8).state_dict()
     with pytest.raises(SpecError, match=r"state version 1 is not supported \(this slicefeed "
-                       r"reads versions 2 and 3\)"):
+                       r"reads versions 3 and 4\)"):
         JaxLoader(uri, global_batch_size=8, state={**sd, "version": 1})
+    with pytest.raises(SpecError, match=r"this state \(version 2\) .* another row order"):
+        JaxLoader(uri, global_batch_size=8, state={**sd, "version": 2})
     with pytest.raises(SpecError, match=r"state key 'hosts' is None"):
         JaxLoader(uri, global_batch_size=8, state={**sd, "hosts": None})
     bad = {**sd, "stages": [{"process_count": 2, "local_batch_size": 4, "window_rows": 4,
@@ -118,8 +120,8 @@ def test_other_layout_refused_for_other_sources_and_old_states(jax_cpu, ray_clus
         JaxLoader(uri, global_batch_size=8, state=bad)
 
 
-def test_version_2_state_resumes(jax_cpu, committed):
-    """A state saved before the host layout was recorded (version 2: host count
+def test_version_3_state_resumes(jax_cpu, committed):
+    """A state saved before the host layout was recorded (version 3: host count
     and window size inside the plan, no dataset version) resumes exactly."""
     from slicefeed.pipelines import JaxLoader
     from tests.pipelines._conformance import digests
@@ -131,8 +133,8 @@ def test_version_2_state_resumes(jax_cpu, committed):
     digests(a, limit=4)
     sd = a.state_dict()
     plan = {k: v for k, v in sd["plan"].items() if k != "dataset_version"}
-    v2 = {"version": 2, "epoch": sd["epoch"], "step": sd["step"], "seed": sd["seed"],
+    v3 = {"version": 3, "epoch": sd["epoch"], "step": sd["step"], "seed": sd["seed"],
           "plan": {**plan, "process_count": 1, "window_rows": 16}}
-    assert digests(JaxLoader(uri, state=v2, **kw)) == ref[4:]
+    assert digests(JaxLoader(uri, state=v3, **kw)) == ref[4:]
     with pytest.raises(SpecError, match="saved with global_batch_size=16"):
-        JaxLoader(uri, state={**v2, "plan": {**v2["plan"], "global_batch_size": 16}}, **kw)
+        JaxLoader(uri, state={**v3, "plan": {**v3["plan"], "global_batch_size": 16}}, **kw)

@@ -36,9 +36,16 @@ def test_steps_every_host_can_take(sizes, lb):
         assert read == drop * lb  # only rows of full agreed steps are read
 
 
-@settings(max_examples=200)
+# Files as (path, num_rows, row-group sizes); () stands for row groups not recorded.
+rg_files_st = st.lists(
+    st.one_of(st.lists(st.integers(0, 15), min_size=0, max_size=4).map(tuple)),
+    min_size=1, max_size=6,
+).map(lambda gs: [(f"f{i}", sum(g), g) for i, g in enumerate(gs)])
+
+
+@settings(max_examples=200, deadline=None)
 @given(
-    files=files_st,
+    files=rg_files_st,
     hosts=st.integers(1, 4),
     window=st.integers(1, 30),
     seed=st.integers(0, 3),
@@ -46,22 +53,38 @@ def test_steps_every_host_can_take(sizes, lb):
     shuffle=st.booleans(),
 )
 def test_windows_and_locate_cover_each_row_once(files, hosts, window, seed, epoch, shuffle):
-    total = sum(n for _, n in files)
-    order = _plan.epoch_file_order(len(files), seed, epoch, shuffle)
-    assert sorted(order.tolist()) == list(range(len(files)))
+    total = sum(n for _, n, _ in files)
+    units = _plan.read_units(files)
+    assert sum(hi - lo for _, lo, hi in units) == total
+    order = _plan.epoch_unit_order(len(units), seed, epoch, shuffle)
+    assert sorted(order.tolist()) == list(range(len(units)))
     seen = []
     for h, (start, stop) in enumerate(_plan.host_shares(total, hosts)):
-        share = _plan.pieces(files, order, start, stop)
+        share = _plan.pieces(units, order, start, stop)
         assert sum(hi - lo for _, lo, hi in share) == stop - start
+        # every piece lies inside one unit
+        assert all(any(p == q and a <= lo and hi <= b for q, a, b in units) for p, lo, hi in share)
         ws = _plan.windows(share, window)
-        assert all(sum(hi - lo for _, lo, hi in w) == window for w in ws[:-1])
+        assert all(0 < sum(hi - lo for _, lo, hi in w) <= window for w in ws)
         flat = [(p, r) for p, lo, hi in share for r in range(lo, hi)]
         assert [(p, r) for w in ws for p, lo, hi in w for r in range(lo, hi)] == flat
+        # a window holds whole pieces, or one chunk of a piece larger than a window
+        whole = set(share)
+        for w in ws:
+            assert all(piece in whole for piece in w) or (
+                len(w) == 1 and any(p == w[0][0] and lo <= w[0][1] and w[0][2] <= hi
+                                    and hi - lo > window for p, lo, hi in share))
+        runs = _plan.read_runs(share, window)
+        assert [k for a, b in runs for k in range(a, b)] == list(range(len(ws)))
+        for a, b in runs:  # a run of several windows continues one piece
+            assert all(ws[k][-1][2] == ws[k + 1][0][1] and ws[k][0][0] == ws[k + 1][0][0]
+                       for k in range(a, b - 1))
         located = []
         for row in range(stop - start):
-            k = row // window
-            rng = _plan.window_rng(seed, epoch, h, k) if shuffle else None
-            p, r, _ = _plan.locate(share, window, row, rng)
+            k, pos = _plan.find_window(ws, row)
+            assert 0 <= pos < sum(hi - lo for _, lo, hi in ws[k])
+            rng_of = (lambda k, h=h: _plan.window_rng(seed, epoch, h, k)) if shuffle else None
+            p, r, _ = _plan.locate(share, window, row, rng_of)
             located.append((p, r))
         if not shuffle:
             assert located == flat
@@ -100,7 +123,7 @@ def _rows(spans) -> list[tuple[str, int]]:
 
 @settings(max_examples=60, deadline=None)  # timing varies on a loaded machine
 @given(
-    files=files_st,
+    files=rg_files_st,
     hosts=st.integers(1, 4),
     lb=st.integers(1, 6),
     windows_of=st.integers(1, 4),
@@ -115,26 +138,24 @@ def test_host_spans_deliver_what_the_unresumed_plan_delivers(
     """The spans of a host's epoch list exactly the rows, in the order, that the
     plan without resume reads (windows, window permutation, agreed-step limit),
     followed by the rows that plan drops."""
-    total = sum(n for _, n in files)
+    units = _plan.read_units(files)
+    total = sum(n for _, n, _ in files)
     window = lb * windows_of
     shares = [b - a for a, b in _plan.host_shares(total, hosts)]
     steps = _plan.steps_for(shares, lb, remainder)
-    order = _plan.epoch_file_order(len(files), seed, epoch, shuffle)
+    order = _plan.epoch_unit_order(len(units), seed, epoch, shuffle)
     for h, (start, stop) in enumerate(_plan.host_shares(total, hosts)):
         limit = _plan.delivered_rows(shares[h], steps, lb, remainder)
         spans = _plan.host_spans(
-            files, process_count=hosts, process_index=h, seed=seed, epoch=epoch,
+            units, process_count=hosts, process_index=h, seed=seed, epoch=epoch,
             shuffle=shuffle, window_rows=window, limit=limit,
         )
-        share = _plan.pieces(files, order, start, start + limit)
-        expected = []
-        for row in range(limit):
-            rng = _plan.window_rng(seed, epoch, h, row // window) if shuffle else None
-            p, r, _ = _plan.locate(share, window, row, rng)
-            expected.append((p, r))
+        share = _plan.pieces(units, order, start, start + limit)
+        rng_of = (lambda k, h=h: _plan.window_rng(seed, epoch, h, k)) if shuffle else None
+        expected = [_plan.locate(share, window, row, rng_of)[:2] for row in range(limit)]
         got = _rows(spans)
         assert got[:limit] == expected
-        dropped = _plan.pieces(files, order, start + limit, stop)
+        dropped = _plan.pieces(units, order, start + limit, stop)
         assert got[limit:] == [(p, r) for p, lo, hi in dropped for r in range(lo, hi)]
         assert all(
             _plan.locate_span(spans, i)[:2] == got[i] for i in range(len(got))
@@ -146,7 +167,7 @@ stage_st = st.tuples(st.integers(1, 4), st.integers(1, 6), st.floats(0, 1))
 
 @settings(max_examples=100, deadline=None)
 @given(
-    files=files_st,
+    files=rg_files_st,
     chain=st.lists(stage_st, min_size=1, max_size=3),
     final=st.tuples(st.integers(1, 4), st.integers(1, 6)),
     windows_of=st.integers(1, 4),
@@ -163,8 +184,9 @@ def test_elastic_resume_delivers_every_row_once(
     on the final layout: no row twice; with ``"pad"`` every row exactly once,
     with ``"drop"`` fewer than one batch per final host is dropped; every host
     of every stage takes the same number of steps."""
-    total = sum(n for _, n in files)
-    all_rows = [(p, r) for p, n in files for r in range(n)]
+    units = _plan.read_units(files)
+    total = sum(n for _, n, _ in files)
+    all_rows = [(p, r) for p, lo, hi in units for r in range(lo, hi)]
     delivered = []
     stages: list[_plan.Stage] = []
     for hosts, lb, frac in chain:
@@ -174,7 +196,7 @@ def test_elastic_resume_delivers_every_row_once(
             steps = _plan.steps_for(shares, lb, remainder)
             lists = [
                 _plan.host_spans(
-                    files, process_count=hosts, process_index=h, seed=seed, epoch=epoch,
+                    units, process_count=hosts, process_index=h, seed=seed, epoch=epoch,
                     shuffle=shuffle, window_rows=window,
                     limit=_plan.delivered_rows(shares[h], steps, lb, remainder),
                 )
@@ -182,7 +204,7 @@ def test_elastic_resume_delivers_every_row_once(
             ]
         else:
             lists = _plan.stage_spans(
-                files, seed=seed, epoch=epoch, shuffle=shuffle, remainder=remainder,
+                units, seed=seed, epoch=epoch, shuffle=shuffle, remainder=remainder,
                 stages=stages, process_count=hosts,
             )
         sizes = [_plan.spans_rows(s) for s in lists]
@@ -196,7 +218,7 @@ def test_elastic_resume_delivers_every_row_once(
     hosts, lb = final
     parts = [
         _plan.elastic_epoch(
-            files, seed=seed, epoch=epoch, shuffle=shuffle, remainder=remainder,
+            units, seed=seed, epoch=epoch, shuffle=shuffle, remainder=remainder,
             stages=stages, process_count=hosts, process_index=h, local_batch_size=lb,
         )
         for h in range(hosts)
