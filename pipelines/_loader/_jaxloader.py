@@ -445,6 +445,11 @@ class JaxLoader:
     # ------------------------------------------------------------------ state
 
     def _load_state(self, state: Mapping[str, Any]) -> None:
+        if not isinstance(state, Mapping):
+            raise SpecError(
+                f"JaxLoader: state is a {type(state).__name__}, not a mapping; pass a "
+                "state_dict()."
+            )
         if state.get("version") == 2:
             raise SpecError(
                 "JaxLoader: this state (version 2) was saved by an older slicefeed that read "

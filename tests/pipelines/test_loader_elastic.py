@@ -112,6 +112,8 @@ def test_other_layout_refused_for_other_sources_and_old_states(jax_cpu, ray_clus
         JaxLoader(uri, global_batch_size=8, state={**sd, "version": 1})
     with pytest.raises(SpecError, match=r"this state \(version 2\) .* another row order"):
         JaxLoader(uri, global_batch_size=8, state={**sd, "version": 2})
+    with pytest.raises(SpecError, match=r"state is a list, not a mapping"):
+        JaxLoader(uri, global_batch_size=8, state=[sd])
     with pytest.raises(SpecError, match=r"state key 'hosts' is None"):
         JaxLoader(uri, global_batch_size=8, state={**sd, "hosts": None})
     bad = {**sd, "stages": [{"process_count": 2, "local_batch_size": 4, "window_rows": 4,
