@@ -177,6 +177,7 @@ def test_inline_credentials_are_never_echoed(raw, local_dir, how):
     ({"source.options": {"columns": "id"}}, r"source\.options\.columns must be a list"),
     ({"sink.options": {"compression": "rot13"}}, r"sink\.options\.compression is 'rot13'; allowed values: .*zstd"),
     ({"sink.options": {"row_group_size": -5}}, r"sink\.options\.row_group_size must be >= 1"),
+    ({"sink.options": {"row_group_bytes": 0}}, r"sink\.options\.row_group_bytes must be >= 1"),
     ({"sink.options": {"min_rows_per_file": "many"}}, r"sink\.options\.min_rows_per_file must be an integer"),
     ({"seed": -1}, r"seed must be >= 0"),
     ({"seed": 2**70}, r"seed must be <= "),
