@@ -556,16 +556,28 @@ class ManifestSource:
         return self._read_items(items, ctx)
 
     def _span_tables(self, spans, epoch: int, skip_rows: int, ctx: ReadContext) -> Iterator[pa.Table]:
-        """A resumed epoch's spans from row ``skip_rows``, one run each: a shuffled
-        span reads its whole window and delivers rows ``[lo, hi)`` of its
-        permutation; an unshuffled one reads only its rows."""
-        items = []
+        """A resumed epoch's spans from row ``skip_rows``: a shuffled span reads
+        its whole window and delivers rows ``[lo, hi)`` of its permutation; an
+        unshuffled one reads only its rows."""
+        runs: list[list[dict]] = []
+        prev = None
         for k, s in enumerate(_plan.cut_spans(spans, skip_rows, _plan.spans_rows(spans))):
             w = {"pieces": s.pieces, "key": f"{epoch}/s{k}", "skip": s.lo, "stop": s.hi,
                  "rng": list(s.rng) if s.rng is not None else None}
-            spec = {"windows": [w], "shuffle": s.rng is not None,
-                    "expect": {p: self.expect[p] for p, _, _ in s.pieces}}
-            items.append({"w": k, "n": 1, "spec": json.dumps(spec)})
+            # Spans that continue one piece (the chunks of a row group larger than
+            # a window) are one run: one stream, so nothing is decoded twice.
+            one = s.pieces[0] if len(s.pieces) == 1 else None
+            if (runs and one is not None and prev is not None and prev[0] == one[0]
+                    and prev[2] == one[1] and (s.rng is None) == (runs[-1][0]["rng"] is None)):
+                runs[-1].append(w)
+            else:
+                runs.append([w])
+            prev = one
+        items = []
+        for k, wins in enumerate(runs):
+            spec = {"windows": wins, "shuffle": wins[0]["rng"] is not None,
+                    "expect": {p: self.expect[p] for w in wins for p, _, _ in w["pieces"]}}
+            items.append({"w": k, "n": len(wins), "spec": json.dumps(spec)})
         return self._read_items(items, ctx)
 
     def _read_items(self, items: list[dict], ctx: ReadContext) -> Iterator[pa.Table]:
