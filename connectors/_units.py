@@ -55,6 +55,7 @@ from slicefeed.connectors._manifest import (
     now_iso,
     read_manifest,
 )
+from slicefeed.connectors._parquet import encode_shard
 from slicefeed.connectors._verify import shard_sha256
 from slicefeed.connectors._watch import watching
 
@@ -100,7 +101,8 @@ class UnitResult:
 
 def _run_unit(target: ResolvedPath, unit: Unit, writer: str, read: Callable[[str], pa.Table],
               process: Callable[[pa.Table], tuple[pa.Table, dict[str, Any]]],
-              compression: str, row_group_size: int | None, watch: Any = None) -> dict[str, Any]:
+              compression: str, row_group_size: int | None,
+              row_group_bytes: int | None = None, watch: Any = None) -> dict[str, Any]:
     """Ray task body: read one file, transform it, write its shard and side record."""
     table, counts = process(read(unit.path))
     entry: dict[str, Any] = {"index": unit.index, "key": unit.key, "writer": writer,
@@ -108,30 +110,17 @@ def _run_unit(target: ResolvedPath, unit: Unit, writer: str, read: Callable[[str
     if table.num_rows:
         with watching(watch, f"write:{unit.shard(writer)}",
                       f"writing the shard of input file {unit.input.uri!r} to {target.uri}"):
-            entry.update(_write_shard(target, unit, writer, table, compression, row_group_size))
-    return _finish_unit(target, unit, entry)
-
-
-def _write_shard(target: ResolvedPath, unit: Unit, writer: str, table: pa.Table,
-                 compression: str, row_group_size: int | None) -> dict[str, Any]:
-    import pyarrow.parquet as pq
-
-    sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression=compression, row_group_size=row_group_size)
-    buf = sink.getvalue()
-    meta = pq.read_metadata(pa.BufferReader(buf))
-    data = buf.to_pybytes()
-    name = unit.shard(writer)
-    write_atomic(target.join(name), data)
-    return {
-        "path": name, "num_rows": table.num_rows, "num_bytes": len(data),
-        "sha256": hashlib.sha256(data).hexdigest(),
-        "row_groups": [meta.row_group(i).num_rows for i in range(meta.num_row_groups)],
-        "schema": _b64(table.schema.remove_metadata().serialize().to_pybytes()),
-    }
-
-
-def _finish_unit(target: ResolvedPath, unit: Unit, entry: dict[str, Any]) -> dict[str, Any]:
+            data, groups = encode_shard(table, compression=compression,
+                                        row_group_size=row_group_size,
+                                        row_group_bytes=row_group_bytes)
+            name = unit.shard(writer)
+            write_atomic(target.join(name), data)
+        entry.update(
+            path=name, num_rows=table.num_rows, num_bytes=len(data),
+            sha256=hashlib.sha256(data).hexdigest(),
+            row_groups=groups,
+            schema=_b64(table.schema.remove_metadata().serialize().to_pybytes()),
+        )
     doc = json.dumps(entry).encode()
     try:
         put_if_absent(target.join(unit.record), doc)
@@ -237,6 +226,7 @@ def write_units(
     before_commit: Callable[[Manifest, list[dict[str, Any]]], None] | None = None,
     compression: str = "snappy",
     row_group_size: int | None = None,
+    row_group_bytes: int | None = None,
     on_reused: Callable[[list[dict[str, Any]]], None] | None = None,
     max_retries: int = 2,
     watch: Any = None,
@@ -286,7 +276,7 @@ def write_units(
         # ends the run instead of being resubmitted forever.
         task = ray.remote(num_cpus=1, max_retries=max_retries)(_run_unit)
         refs = [task.remote(target, u, writer_id, read, process, compression, row_group_size,
-                            watch)
+                            row_group_bytes, watch)
                 for u in todo]
         results: dict[int, dict[str, Any]] = dict(reused)
         # Every task ends before anything is judged, so a failed run's cleanup

@@ -22,7 +22,6 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import ray
 from ray.data.block import Block, BlockAccessor
 from ray.data.datasource import Datasink
@@ -55,6 +54,7 @@ from slicefeed.connectors._manifest import (
     read_manifest,
     version_name,
 )
+from slicefeed.connectors._parquet import encode_shard
 from slicefeed.connectors._verify import verify_shards
 from slicefeed.connectors._watch import watching
 
@@ -77,6 +77,8 @@ class CommittedParquetDatasink(Datasink[dict]):
         compression: Parquet codec.
         min_rows_per_file: Passed to Ray as the minimum rows per write task.
         row_group_size: Maximum rows per Parquet row group.
+        row_group_bytes: Maximum decoded (Arrow) bytes per row group
+            (default ``ROW_GROUP_BYTES``, 64 MiB).
     """
 
     def __init__(
@@ -89,6 +91,7 @@ class CommittedParquetDatasink(Datasink[dict]):
         compression: str = "snappy",
         min_rows_per_file: int | None = None,
         row_group_size: int | None = None,
+        row_group_bytes: int | None = None,
         before_commit: Callable[[Manifest], None] | None = None,
         watch: Any = None,
     ):
@@ -100,6 +103,7 @@ class CommittedParquetDatasink(Datasink[dict]):
         self.metadata = dict(metadata or {})
         self.compression = compression
         self.row_group_size = row_group_size
+        self.row_group_bytes = row_group_bytes
         self._min_rows_per_file = min_rows_per_file
         self.manifest: Manifest | None = None
 
@@ -127,13 +131,10 @@ class CommittedParquetDatasink(Datasink[dict]):
 
     def _write(self, tables: list[pa.Table], name: str, ctx: Any) -> dict:
         table = pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0]
-        sink = pa.BufferOutputStream()
-        pq.write_table(
-            table, sink, compression=self.compression, row_group_size=self.row_group_size
+        data, groups = encode_shard(
+            table, compression=self.compression, row_group_size=self.row_group_size,
+            row_group_bytes=self.row_group_bytes,
         )
-        buf = sink.getvalue()
-        meta = pq.read_metadata(pa.BufferReader(buf))
-        data = buf.to_pybytes()
         # Writer-owned name: a retried task may replace its own shard.
         write_atomic(self.target.join(name), data)
         return {
@@ -142,7 +143,7 @@ class CommittedParquetDatasink(Datasink[dict]):
             "num_rows": table.num_rows,
             "num_bytes": len(data),
             "sha256": hashlib.sha256(data).hexdigest(),
-            "row_groups": [meta.row_group(i).num_rows for i in range(meta.num_row_groups)],
+            "row_groups": groups,
             "schema": table.schema.remove_metadata().serialize().to_pybytes(),
         }
 
@@ -229,6 +230,7 @@ def write_parquet(
     compression: str = "snappy",
     min_rows_per_file: int | None = None,
     row_group_size: int | None = None,
+    row_group_bytes: int | None = None,
     ray_remote_args: dict[str, Any] | None = None,
     before_commit: Callable[[Manifest], None] | None = None,
     inputs: Sequence[InputFile] | None = None,
@@ -256,6 +258,9 @@ def write_parquet(
         compression: Parquet codec for the shards.
         min_rows_per_file: Minimum rows per shard (Ray buffers rows to reach it).
         row_group_size: Maximum rows per Parquet row group.
+        row_group_bytes: Maximum decoded (Arrow) bytes per row group (default
+            64 MiB): what a reader holds and decodes at once. The manifest
+            records every shard's row-group row counts.
         ray_remote_args: Ray options for the write tasks.
         before_commit: Called with the manifest just before it is committed;
             raising aborts the commit (this writer's shards are removed).
@@ -300,6 +305,7 @@ def write_parquet(
         compression=compression,
         min_rows_per_file=min_rows_per_file,
         row_group_size=row_group_size,
+        row_group_bytes=row_group_bytes,
         watch=watch,
     )
     sidecars = [s for s in (report, quarantine) if s]
