@@ -1274,6 +1274,8 @@ def _padding_counts(table: pa.Table) -> tuple[int, int]:
     if "segment_ids" not in table.column_names or table.num_rows == 0:
         return 0, 0
     col = table.column("segment_ids")
+    if isinstance(col.type, pa.FixedShapeTensorType):
+        col = pa.chunked_array([c.storage for c in col.chunks], col.type.storage_type)
     if not pa.types.is_fixed_size_list(col.type) and not pa.types.is_list(col.type):
         return 0, 0
     values = pc.list_flatten(col)

@@ -39,6 +39,7 @@ from slicefeed.connectors import (
     printable,
     short_repr,
 )
+from slicefeed.transforms._arrays import is_tensor
 from slicefeed.transforms._registry import default_of, plain, register
 
 if typing.TYPE_CHECKING:  # pragma: no cover
@@ -229,14 +230,19 @@ _KINDS = {
     "floating": pa.types.is_floating,
     "numeric": lambda t: pa.types.is_integer(t) or pa.types.is_floating(t),
     "boolean": pa.types.is_boolean,
-    "list": lambda t: pa.types.is_list(t)
-    or pa.types.is_large_list(t)
-    or pa.types.is_fixed_size_list(t),
-    "list<integer>": lambda t: (
-        pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
-    )
-    and pa.types.is_integer(t.value_type),
+    "list": lambda t: _is_list(t),
+    "list<integer>": lambda t: _is_list(t) and pa.types.is_integer(t.value_type),
 }
+
+
+def _is_list(t: pa.DataType) -> bool:
+    # A one-dimensional tensor column is the fixed-size list's successor layout.
+    return (
+        pa.types.is_list(t)
+        or pa.types.is_large_list(t)
+        or pa.types.is_fixed_size_list(t)
+        or (is_tensor(t) and len(t.shape) == 1)
+    )
 
 
 def _is_kind(t: pa.DataType, kind: str) -> bool:
