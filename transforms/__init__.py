@@ -34,7 +34,7 @@ from slicefeed.transforms._badrecords import (
 )
 from slicefeed.transforms._categorical import HashBucket, Vocabulary
 from slicefeed.transforms._columnops import Cast, FillNull, Filter, Rename, Select
-from slicefeed.transforms._contract import Transform
+from slicefeed.transforms._contract import DatasetTasks, Transform
 from slicefeed.transforms._dedup import Deduplicate
 from slicefeed.transforms._dtypes import as_bfloat16, is_bfloat16_field, type_label
 from slicefeed.transforms._expr import compile_expression
@@ -67,6 +67,7 @@ __all__ = [
     "TRANSFORMS",
     "Cast",
     "CenterCrop",
+    "DatasetTasks",
     "DecodeImage",
     "Deduplicate",
     "FillNull",
