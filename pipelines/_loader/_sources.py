@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from slicefeed.connectors import SpecError, _compat
-from slicefeed.pipelines._loader import _plan
+from slicefeed.pipelines._loader import _plan, _shards
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,6 +198,39 @@ def _open_shard(f: Any, path: str, expect: list[int] | None) -> Any:
     return pf
 
 
+def _overlapping(md: Any, lo: int, hi: int) -> tuple[list[int], int]:
+    """The row groups overlapping rows ``[lo, hi)`` and the first one's first row."""
+    idx, first, pos = [], None, 0
+    for g in range(md.num_row_groups):
+        n = md.row_group(g).num_rows
+        if pos + n > lo and pos < hi:
+            idx.append(g)
+            first = pos if first is None else first
+        pos += n
+    return idx, first
+
+
+def _read_groups(fs, path: str, expect: list[int] | None, lo: int, hi: int,
+                 columns: list[str]) -> tuple[pa.Table, int]:
+    """The row groups of shard ``path`` overlapping rows ``[lo, hi)``, and the
+    first one's first row. On object storage with the manifest's size known, no
+    metadata request: see :mod:`._shards`."""
+    if expect is not None and _shards.is_remote(fs):
+        from slicefeed.connectors import ShardMismatchError
+
+        md = _shards.footer(fs, path, expect[1])
+        if md.num_rows != expect[0]:
+            raise ShardMismatchError(
+                f"{path}: {md.num_rows} rows, the manifest says {expect[0]}. The shard was "
+                "replaced after the commit; rewrite the dataset with --overwrite.")
+        idx, first = _overlapping(md, lo, hi)
+        return _shards.read_row_groups(fs, path, expect[1], idx, columns)[1], first
+    with fs.open(path, "rb") as f:
+        pf = _open_shard(f, path, expect)
+        idx, first = _overlapping(pf.metadata, lo, hi)
+        return pf.read_row_groups(idx, columns=columns), first
+
+
 def read_window(batch: dict, *, fs, base_dir: str, columns: list[str]) -> pa.Table:
     """Reads one window (only the row groups it overlaps); also a Ray Data map_batches fn."""
     assert len(batch["w"]) == 1
@@ -205,17 +238,7 @@ def read_window(batch: dict, *, fs, base_dir: str, columns: list[str]) -> pa.Tab
     expect = spec.get("expect") or {}
     tables, positions, base = [], [], 0
     for path, lo, hi in spec["pieces"]:
-        with fs.open(f"{base_dir}/{path}", "rb") as f:
-            pf = _open_shard(f, f"{base_dir}/{path}", expect.get(path))
-            md = pf.metadata
-            idx, first, pos = [], None, 0
-            for g in range(md.num_row_groups):
-                n = md.row_group(g).num_rows
-                if pos + n > lo and pos < hi:
-                    idx.append(g)
-                    first = pos if first is None else first
-                pos += n
-            t = pf.read_row_groups(idx, columns=columns)
+        t, first = _read_groups(fs, f"{base_dir}/{path}", expect.get(path), lo, hi, columns)
         tables.append(t)
         positions.append(base + (lo - first) + np.arange(hi - lo))
         base += t.num_rows
