@@ -63,9 +63,7 @@ def _mismatch(fs: Any, path: str, size: int, why: str) -> Exception:
 
 def footer(fs: Any, path: str, size: int) -> pq.FileMetaData:
     """The Parquet footer of the ``size``-byte object at ``path`` (cached per process)."""
-    # The same path through another endpoint or credentials is another object.
-    options = repr(sorted((getattr(fs, "storage_options", None) or {}).items()))
-    key = (type(fs).__qualname__, options, path, size)
+    key = (*_key(fs, path), size)
     with _lock:
         md = _footers.get(key)
         if md is not None:
@@ -100,6 +98,18 @@ def _cat(fs: Any, path: str, start: int, end: int) -> bytes:
         if "416" in str(e) or "satisfiable" in str(e).lower():
             return b""
         raise
+
+
+def overlapping_groups(md: pq.FileMetaData, lo: int, hi: int) -> tuple[list[int], int]:
+    """The row groups overlapping rows ``[lo, hi)`` and the first one's first row."""
+    idx, first, pos = [], None, 0
+    for g in range(md.num_row_groups):
+        n = md.row_group(g).num_rows
+        if pos + n > lo and pos < hi:
+            idx.append(g)
+            first = pos if first is None else first
+        pos += n
+    return idx, first
 
 
 def chunk_ranges(md: pq.FileMetaData, groups: list[int], columns: list[str] | None
@@ -188,20 +198,84 @@ class _SparseFile(io.RawIOBase):
         return len(data)
 
 
-def read_row_groups(fs: Any, path: str, size: int, groups: list[int],
-                    columns: list[str] | None) -> tuple[pq.FileMetaData, pa.Table]:
-    """Rows of ``groups`` of the ``size``-byte shard at ``path``: the footer (cached)
-    and the groups' column chunks in concurrent ranged reads, then decoded."""
-    md = footer(fs, path, size)
-    parts = _parts(chunk_ranges(md, groups, columns))
+def _key(fs: Any, path: str) -> tuple:
+    # The same path through another endpoint or credentials is another object.
+    options = repr(sorted((getattr(fs, "storage_options", None) or {}).items()))
+    return (type(fs).__qualname__, options, path)
+
+
+def _fetch(fs: Any, path: str, parts: list[tuple[int, int]]) -> list[bytes]:
+    if not parts:
+        return []
     data = fs.cat_ranges([path] * len(parts), [s for s, _ in parts], [e for _, e in parts],
-                         on_error="raise") if parts else []
+                         on_error="return")
+    for b in data:
+        if isinstance(b, BaseException):
+            raise b
+    return data
+
+
+class FetchAhead:
+    """Fetches the column-chunk bytes of upcoming windows while earlier ones decode,
+    so a store's first-byte delay overlaps useful work. Bytes fetched here are
+    taken (once) by :func:`read_row_groups` in the same process; what is never
+    taken is dropped by :meth:`close`."""
+
+    def __init__(self, workers: int):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="slicefeed-fetch")
+        self._keys: list[tuple] = []
+
+    def submit(self, fs: Any, path: str, size: int, lo: int, hi: int,
+               columns: list[str] | None) -> None:
+        """Starts fetching the row groups of rows ``[lo, hi)`` of the shard at ``path``."""
+        key = (*_key(fs, path), lo, hi, tuple(columns) if columns is not None else None)
+        with _lock:
+            if key in _ahead:
+                return
+            _ahead[key] = self._pool.submit(self._get, fs, path, size, lo, hi, columns)
+        self._keys.append(key)
+
+    @staticmethod
+    def _get(fs, path, size, lo, hi, columns):
+        md = footer(fs, path, size)
+        groups, _ = overlapping_groups(md, lo, hi)
+        parts = _parts(chunk_ranges(md, groups, columns))
+        return groups, parts, _fetch(fs, path, parts)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        with _lock:
+            for k in self._keys:
+                _ahead.pop(k, None)
+        self._keys.clear()
+
+
+#: Fetches started by a :class:`FetchAhead`, by (filesystem, path, rows, columns).
+_ahead: dict[tuple, Any] = {}
+
+
+def read_row_groups(fs: Any, path: str, size: int, lo: int, hi: int,
+                    columns: list[str] | None) -> tuple[pa.Table, int]:
+    """The row groups of the ``size``-byte shard at ``path`` that overlap rows
+    ``[lo, hi)``, and the first one's first row: the footer (cached) and the
+    groups' column chunks in concurrent ranged reads (or taken from a
+    :class:`FetchAhead` that started them), then decoded."""
+    md = footer(fs, path, size)
+    groups, first = overlapping_groups(md, lo, hi)
+    key = (*_key(fs, path), lo, hi, tuple(columns) if columns is not None else None)
+    with _lock:
+        ahead = _ahead.pop(key, None)
+    if ahead is not None:
+        _, parts, data = ahead.result()
+    else:
+        parts = _parts(chunk_ranges(md, groups, columns))
+        data = _fetch(fs, path, parts)
     held: dict[int, bytes] = {}
     for (s, e), b in zip(parts, data):
-        if isinstance(b, Exception):
-            raise b
         if len(b) != e - s:
             raise _mismatch(fs, path, size, f"bytes {s}-{e} read as {len(b)} bytes")
         held[s] = b
     pf = pq.ParquetFile(_SparseFile(fs, path, size, held), metadata=md)
-    return md, pf.read_row_groups(groups, columns=columns)
+    return pf.read_row_groups(groups, columns=columns), first

@@ -198,18 +198,6 @@ def _open_shard(f: Any, path: str, expect: list[int] | None) -> Any:
     return pf
 
 
-def _overlapping(md: Any, lo: int, hi: int) -> tuple[list[int], int]:
-    """The row groups overlapping rows ``[lo, hi)`` and the first one's first row."""
-    idx, first, pos = [], None, 0
-    for g in range(md.num_row_groups):
-        n = md.row_group(g).num_rows
-        if pos + n > lo and pos < hi:
-            idx.append(g)
-            first = pos if first is None else first
-        pos += n
-    return idx, first
-
-
 def _read_groups(fs, path: str, expect: list[int] | None, lo: int, hi: int,
                  columns: list[str]) -> tuple[pa.Table, int]:
     """The row groups of shard ``path`` overlapping rows ``[lo, hi)``, and the
@@ -223,11 +211,10 @@ def _read_groups(fs, path: str, expect: list[int] | None, lo: int, hi: int,
             raise ShardMismatchError(
                 f"{path}: {md.num_rows} rows, the manifest says {expect[0]}. The shard was "
                 "replaced after the commit; rewrite the dataset with --overwrite.")
-        idx, first = _overlapping(md, lo, hi)
-        return _shards.read_row_groups(fs, path, expect[1], idx, columns)[1], first
+        return _shards.read_row_groups(fs, path, expect[1], lo, hi, columns)
     with fs.open(path, "rb") as f:
         pf = _open_shard(f, path, expect)
-        idx, first = _overlapping(pf.metadata, lo, hi)
+        idx, first = _shards.overlapping_groups(pf.metadata, lo, hi)
         return pf.read_row_groups(idx, columns=columns), first
 
 
@@ -262,6 +249,11 @@ class _LocalWindows:
     ``reader="ray"`` maps over the windows, so the same rows in the same order) on
     a few threads, in order, at most ``read_ahead`` windows ahead. pyarrow decodes
     without the GIL, so the threads overlap decoding with conversion and transfer.
+
+    On object storage the bytes of the next windows are fetched further ahead
+    (:class:`._shards.FetchAhead`), so a store's first-byte delay overlaps
+    decoding: :data:`FETCH_AHEAD` windows beyond those being read, one more each
+    time the consumer has to wait for a window, up to :data:`FETCH_AHEAD_MAX`.
     """
 
     def __init__(self, items: list[dict], fn_kwargs: dict, read_ahead: int, stop):
@@ -269,6 +261,8 @@ class _LocalWindows:
         self.fn_kwargs = fn_kwargs
         self.stop = stop
         self.read_ahead = max(1, int(read_ahead))
+        #: Windows fetched beyond those being read (object storage only).
+        self.fetch_depth = FETCH_AHEAD
 
     def _read(self, item: dict) -> pa.Table:
         return read_window({"w": [item["w"]], "spec": [item["spec"]]}, **self.fn_kwargs)
@@ -276,18 +270,46 @@ class _LocalWindows:
     def __iter__(self) -> Iterator[pa.Table]:
         from concurrent.futures import ThreadPoolExecutor
 
+        fs, base = self.fn_kwargs["fs"], self.fn_kwargs["base_dir"]
+        columns = self.fn_kwargs["columns"]
+        ahead = _shards.FetchAhead(4 * FETCH_AHEAD_MAX) if _shards.is_remote(fs) else None
+        fetched = 0
+
+        def fetch_to(n: int) -> None:
+            nonlocal fetched
+            while ahead is not None and fetched < min(n, len(self.items)):
+                spec = json.loads(self.items[fetched]["spec"])
+                for path, lo, hi in spec["pieces"]:
+                    exp = (spec.get("expect") or {}).get(path)
+                    if exp is not None:
+                        ahead.submit(fs, f"{base}/{path}", exp[1], lo, hi, columns)
+                fetched += 1
+
         pool = ThreadPoolExecutor(self.read_ahead, thread_name_prefix="slicefeed-read")
         try:
+            fetch_to(self.read_ahead + self.fetch_depth)
             pending = [pool.submit(self._read, it) for it in self.items[: self.read_ahead]]
             nxt = len(pending)
             while pending:
-                table = pending.pop(0).result()
+                head = pending.pop(0)
+                if ahead is not None and not head.done():
+                    self.fetch_depth = min(self.fetch_depth + 1, FETCH_AHEAD_MAX)
+                table = head.result()
                 if nxt < len(self.items) and not self.stop.is_set():
                     pending.append(pool.submit(self._read, self.items[nxt]))
                     nxt += 1
+                    fetch_to(nxt + self.fetch_depth)
                 yield table
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
+            if ahead is not None:
+                ahead.close()
+
+
+#: Windows whose bytes are fetched beyond those being read, on object storage
+#: (see :class:`_LocalWindows`); a window is ~32 MB decoded.
+FETCH_AHEAD = 1
+FETCH_AHEAD_MAX = 4
 
 
 class ManifestSource:
