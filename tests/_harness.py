@@ -8,18 +8,57 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
+# Ports handed out by this process; never handed out twice.
+_HANDED_OUT: set[int] = set()
+# Ray's worker processes take ports 10002-19999 by default.
+_FIXED_PORT_FLOOR = 20000
+
+
+def _ephemeral_floor() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
 
 def free_port() -> int:
-    """A free TCP port on loopback."""
+    """A TCP port on loopback that is free now and stays out of others' way.
+
+    A port the kernel picks (``bind(0)``) comes from the ephemeral range, and
+    the kernel hands the same range to every outgoing connection and every
+    other ``bind(0)``: between this call and the moment a server binds the
+    port, a Ray process on the machine can take it ("Address already in use").
+    So ports come from below the ephemeral range and above Ray's worker-port
+    range, checked free by a bind, and never twice from one process. Where
+    the machine leaves no such range, the kernel picks.
+    """
+    floor = _ephemeral_floor()
+    if floor - _FIXED_PORT_FLOOR >= 1000:
+        rng = random.Random()
+        for _ in range(200):
+            port = rng.randrange(_FIXED_PORT_FLOOR, floor)
+            if port in _HANDED_OUT:
+                continue
+            with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            _HANDED_OUT.add(port)
+            return port
     with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port = s.getsockname()[1]
+    _HANDED_OUT.add(port)
+    return port
 
 
 def wait_http(url: str, timeout: float = 30.0) -> None:
@@ -102,6 +141,32 @@ def configure_process_env() -> None:
     # gcsfs probes a gRPC control plane per bucket unless this is off.
     os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
     os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
+
+
+# Set by the session's ``ray_cluster`` fixture: the address CLI subprocesses join.
+SESSION_RAY_ENV = "SLICEFEED_TEST_RAY_ADDRESS"
+
+
+def run_slicefeed(
+    *args: str, env: dict | None = None, timeout: float = 240, own_ray: bool = False
+) -> subprocess.CompletedProcess:
+    """Runs the ``slicefeed`` console script as a subprocess, as a user would.
+
+    A command that needs Ray joins the session's cluster (``RAY_ADDRESS``, the
+    documented way to run against an existing cluster) when the session has
+    one, so each run does not pay for starting and stopping a Ray of its own;
+    ``own_ray=True`` makes the subprocess start a fresh local Ray, as a user's
+    first run on a laptop does. ``env`` entries override everything.
+    """
+    exe = os.path.join(os.path.dirname(sys.executable), "slicefeed")
+    full = dict(os.environ)
+    full.pop("RAY_ADDRESS", None)
+    full["RAY_DATA_DISABLE_PROGRESS_BARS"] = "1"
+    session = full.pop(SESSION_RAY_ENV, None)
+    if session and not own_ray:
+        full["RAY_ADDRESS"] = session
+    full.update(env or {})
+    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout, env=full)
 
 
 def put_bytes(uri: str, data: bytes | str) -> None:

@@ -6,7 +6,7 @@ A committed manifest records every shard's size, so reading a shard needs no
 process, so a shard read by several windows or epochs costs it once), and the
 row groups a window needs are ranged reads of their column chunks, coalesced and
 split into parts fetched concurrently (one connection each), so a first-byte
-delay is paid once per window rather than once per request in a row. A shard
+delay is paid once per run of windows rather than once per request in a row. A shard
 of another size than the manifest's is still caught: its last bytes are not a
 Parquet footer where the manifest says the file ends, and only then is the store
 asked for the real size, to name it in the error.
@@ -100,16 +100,21 @@ def _cat(fs: Any, path: str, start: int, end: int) -> bytes:
         raise
 
 
-def overlapping_groups(md: pq.FileMetaData, lo: int, hi: int) -> tuple[list[int], int]:
-    """The row groups overlapping rows ``[lo, hi)`` and the first one's first row."""
-    idx, first, pos = [], None, 0
+def run_spans(windows: list[dict], path: str) -> tuple[tuple[int, int], ...]:
+    """The row ranges a run of windows (``{"pieces": [(path, lo, hi), ...]}``)
+    reads from the shard ``path``."""
+    return tuple((lo, hi) for w in windows for p, lo, hi in w["pieces"] if p == path)
+
+
+def groups_for(md: pq.FileMetaData, spans: tuple[tuple[int, int], ...]) -> list[int]:
+    """The row groups overlapping any of ``spans`` (row ranges of the file)."""
+    out, pos = [], 0
     for g in range(md.num_row_groups):
         n = md.row_group(g).num_rows
-        if pos + n > lo and pos < hi:
-            idx.append(g)
-            first = pos if first is None else first
+        if any(pos + n > lo and pos < hi for lo, hi in spans):
+            out.append(g)
         pos += n
-    return idx, first
+    return out
 
 
 def chunk_ranges(md: pq.FileMetaData, groups: list[int], columns: list[str] | None
@@ -216,10 +221,10 @@ def _fetch(fs: Any, path: str, parts: list[tuple[int, int]]) -> list[bytes]:
 
 
 class FetchAhead:
-    """Fetches the column-chunk bytes of upcoming windows while earlier ones decode,
+    """Fetches the column-chunk bytes of upcoming runs while earlier ones decode,
     so a store's first-byte delay overlaps useful work. Bytes fetched here are
-    taken (once) by :func:`read_row_groups` in the same process; what is never
-    taken is dropped by :meth:`close`."""
+    taken (once) by :func:`open_shard` in the same process; what is never taken
+    is dropped by :meth:`close`."""
 
     def __init__(self, workers: int):
         from concurrent.futures import ThreadPoolExecutor
@@ -227,22 +232,15 @@ class FetchAhead:
         self._pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="slicefeed-fetch")
         self._keys: list[tuple] = []
 
-    def submit(self, fs: Any, path: str, size: int, lo: int, hi: int,
+    def submit(self, fs: Any, path: str, size: int, spans: tuple[tuple[int, int], ...],
                columns: list[str] | None) -> None:
-        """Starts fetching the row groups of rows ``[lo, hi)`` of the shard at ``path``."""
-        key = (*_key(fs, path), lo, hi, tuple(columns) if columns is not None else None)
+        """Starts fetching the row groups of the shard at ``path`` that ``spans`` overlap."""
+        key = _ahead_key(fs, path, spans, columns)
         with _lock:
             if key in _ahead:
                 return
-            _ahead[key] = self._pool.submit(self._get, fs, path, size, lo, hi, columns)
+            _ahead[key] = self._pool.submit(_get, fs, path, size, spans, columns)
         self._keys.append(key)
-
-    @staticmethod
-    def _get(fs, path, size, lo, hi, columns):
-        md = footer(fs, path, size)
-        groups, _ = overlapping_groups(md, lo, hi)
-        parts = _parts(chunk_ranges(md, groups, columns))
-        return groups, parts, _fetch(fs, path, parts)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -252,30 +250,48 @@ class FetchAhead:
         self._keys.clear()
 
 
+def _ahead_key(fs, path, spans, columns) -> tuple:
+    return (*_key(fs, path), tuple(spans), tuple(columns) if columns is not None else None)
+
+
+def _get(fs, path, size, spans, columns) -> tuple[list[tuple[int, int]], list[bytes]]:
+    md = footer(fs, path, size)
+    parts = _parts(chunk_ranges(md, groups_for(md, spans), columns))
+    return parts, _fetch(fs, path, parts)
+
+
 #: Fetches started by a :class:`FetchAhead`, by (filesystem, path, rows, columns).
 _ahead: dict[tuple, Any] = {}
 
 
-def read_row_groups(fs: Any, path: str, size: int, lo: int, hi: int,
-                    columns: list[str] | None) -> tuple[pa.Table, int]:
-    """The row groups of the ``size``-byte shard at ``path`` that overlap rows
-    ``[lo, hi)``, and the first one's first row: the footer (cached) and the
-    groups' column chunks in concurrent ranged reads (or taken from a
-    :class:`FetchAhead` that started them), then decoded."""
+def open_shard(fs: Any, path: str, expect: list[int], spans: tuple[tuple[int, int], ...],
+               columns: list[str] | None) -> pq.ParquetFile:
+    """The committed shard at ``path`` (``expect``: the manifest's ``[num_rows,
+    num_bytes]``) as a ``ParquetFile`` holding in memory the column chunks of the
+    row groups ``spans`` overlap: the footer (cached) and those chunks in
+    concurrent ranged reads, or taken from a :class:`FetchAhead` that started them.
+
+    Raises:
+        ShardMismatchError: the shard's size or row count is not the manifest's.
+    """
+    from slicefeed.connectors import ShardMismatchError
+
+    rows, size = int(expect[0]), int(expect[1])
     md = footer(fs, path, size)
-    groups, first = overlapping_groups(md, lo, hi)
-    key = (*_key(fs, path), lo, hi, tuple(columns) if columns is not None else None)
+    if md.num_rows != rows:
+        raise ShardMismatchError(
+            f"{path}: {md.num_rows} rows, the manifest says {rows}. The shard was "
+            "replaced after the commit; rewrite the dataset with --overwrite.")
     with _lock:
-        ahead = _ahead.pop(key, None)
+        ahead = _ahead.pop(_ahead_key(fs, path, spans, columns), None)
     if ahead is not None:
-        _, parts, data = ahead.result()
+        parts, data = ahead.result()
     else:
-        parts = _parts(chunk_ranges(md, groups, columns))
+        parts = _parts(chunk_ranges(md, groups_for(md, spans), columns))
         data = _fetch(fs, path, parts)
     held: dict[int, bytes] = {}
     for (s, e), b in zip(parts, data):
         if len(b) != e - s:
             raise _mismatch(fs, path, size, f"bytes {s}-{e} read as {len(b)} bytes")
         held[s] = b
-    pf = pq.ParquetFile(_SparseFile(fs, path, size, held), metadata=md)
-    return pf.read_row_groups(groups, columns=columns), first
+    return pq.ParquetFile(_SparseFile(fs, path, size, held), metadata=md)

@@ -12,7 +12,7 @@ import dataclasses
 import hashlib
 import json
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 import numpy as np
@@ -41,6 +41,12 @@ class ReadContext:
     # Rows of this host's share to read per epoch (``None``: all); rows beyond it
     # are dropped by the equal-step plan and never read.
     limit_rows: int | None = None
+    # A committed dataset's epoch resumed on another host layout: the rows this
+    # host delivers in that epoch (``_plan.elastic_epoch``); ``None``: the plan.
+    spans: tuple[_plan.Span, ...] | None = None
+    # Receives read counters (rows_decoded, rows_decoded_peak, host_copies,
+    # host_copy_bytes) as a dict; may be called from reader threads.
+    on_read: Callable[[dict], None] | None = None
 
 
 class Source(Protocol):
@@ -165,6 +171,8 @@ def _ray_tables(obj: Any, epoch: int, skip_rows: int, ctx: ReadContext) -> Itera
     )
     to_skip = skip_rows // ctx.batch_rows  # no row positions: read and discard
     for table in it:
+        if ctx.on_read is not None:  # rows Ray produced for this host (decoded by Ray)
+            ctx.on_read({"rows_decoded": table.num_rows})
         if to_skip:
             to_skip -= 1
             continue
@@ -198,62 +206,201 @@ def _open_shard(f: Any, path: str, expect: list[int] | None) -> Any:
     return pf
 
 
-def _read_groups(fs, path: str, expect: list[int] | None, lo: int, hi: int,
-                 columns: list[str]) -> tuple[pa.Table, int]:
-    """The row groups of shard ``path`` overlapping rows ``[lo, hi)``, and the
-    first one's first row. On object storage with the manifest's size known, no
-    metadata request: see :mod:`._shards`."""
-    if expect is not None and _shards.is_remote(fs):
-        from slicefeed.connectors import ShardMismatchError
-
-        md = _shards.footer(fs, path, expect[1])
-        if md.num_rows != expect[0]:
-            raise ShardMismatchError(
-                f"{path}: {md.num_rows} rows, the manifest says {expect[0]}. The shard was "
-                "replaced after the commit; rewrite the dataset with --overwrite.")
-        return _shards.read_row_groups(fs, path, expect[1], lo, hi, columns)
-    with fs.open(path, "rb") as f:
-        pf = _open_shard(f, path, expect)
-        idx, first = _shards.overlapping_groups(pf.metadata, lo, hi)
-        return pf.read_row_groups(idx, columns=columns), first
+#: Schema metadata key under which a Ray read task reports its counters.
+READ_COUNTERS_KEY = b"slicefeed.read"
 
 
-def read_window(batch: dict, *, fs, base_dir: str, columns: list[str]) -> pa.Table:
-    """Reads one window (only the row groups it overlaps); also a Ray Data map_batches fn."""
-    assert len(batch["w"]) == 1
-    spec = json.loads(batch["spec"][0])
-    expect = spec.get("expect") or {}
-    tables, positions, base = [], [], 0
-    for path, lo, hi in spec["pieces"]:
-        t, first = _read_groups(fs, f"{base_dir}/{path}", expect.get(path), lo, hi, columns)
-        tables.append(t)
-        positions.append(base + (lo - first) + np.arange(hi - lo))
-        base += t.num_rows
-    if not spec["shuffle"]:
-        starts = np.cumsum([0] + [t.num_rows for t in tables[:-1]])
-        table = pa.concat_tables(
-            [t.slice(p[0] - b, len(p)) for t, p, b in zip(tables, positions, starts)]
-        )
-        return table.slice(spec["skip"]) if spec["skip"] else table
+def _overlapping_groups(pf: Any, lo: int, hi: int) -> tuple[list[int], int, bool]:
+    """Row groups of ``pf`` overlapping rows ``[lo, hi)``, the first one's first
+    row, and whether ``[lo, hi)`` is exactly those row groups."""
+    md = pf.metadata
+    idx, first, pos, end = [], None, 0, 0
+    for g in range(md.num_row_groups):
+        n = md.row_group(g).num_rows
+        if pos + n > lo and pos < hi:
+            idx.append(g)
+            first = pos if first is None else first
+            end = pos + n
+        pos += n
+    first = lo if first is None else first
+    return idx, first, first == lo and end == hi
+
+
+class _Stream:
+    """Rows ``[lo, hi)`` of one shard decoded in order, ``batch_rows`` at a time
+    (``ParquetFile.iter_batches`` over the row groups they overlap): a row group
+    larger than a window is never decoded whole. Rows before ``lo`` in its first
+    row group are decoded and discarded (a host boundary or a resume point
+    inside a row group)."""
+
+    def __init__(self, pf: Any, lo: int, hi: int, columns: list[str], batch_rows: int,
+                 counters: dict):
+        idx, first, _ = _overlapping_groups(pf, lo, hi)
+        self.pos = lo  # next row this stream delivers
+        self._at = first  # file row of the next decoded batch's first row
+        self._hi = hi
+        self._it = pf.iter_batches(batch_size=max(1, batch_rows), row_groups=idx,
+                                   columns=columns)
+        self._carry: tuple[pa.Table, int, int] | None = None
+        self._counters = counters
+
+    def take(self, n: int) -> list[tuple[pa.Table, int, int]]:
+        """The next ``n`` rows as ``(unsliced table, a, z)`` parts (rows ``a:z``)."""
+        out = []
+        while n > 0:
+            if self._carry is None:
+                batch = next(self._it)
+                t = pa.Table.from_batches([batch])
+                self._counters["rows_decoded"] += t.num_rows
+                a = max(self.pos - self._at, 0)
+                self._carry = (t, a, min(t.num_rows, self._hi - self._at))
+                self._at += t.num_rows
+                if a >= self._carry[2]:
+                    self._carry = None  # wholly before lo
+                    continue
+            t, a, z = self._carry
+            k = min(n, z - a)
+            out.append((t, a, a + k))
+            self._carry = (t, a + k, z) if a + k < z else None
+            n -= k
+            self.pos += k
+        return out
+
+
+def _window_table(parts: list[tuple[pa.Table, int, int]], shuffle: bool, rng: list[int],
+                  skip: int, stop: int | None, counters: dict) -> pa.Table:
+    """Rows ``[skip, stop)`` of one window (in delivery order: permuted if
+    shuffling) from its parts (unsliced tables and row ranges)."""
+    held = sum(t.num_rows for t, _, _ in {id(p[0]): p for p in parts}.values())
+    counters["rows_decoded_peak"] = max(counters["rows_decoded_peak"], held)
+    if not shuffle:
+        table = pa.concat_tables([t.slice(a, z - a) for t, a, z in parts])
+        if stop is not None:
+            return table.slice(skip, stop - skip)
+        return table.slice(skip) if skip else table
+    tables, positions, base, seen = [], [], 0, {}
+    for t, a, z in parts:
+        if id(t) not in seen:
+            seen[id(t)] = base
+            tables.append(t)
+            base += t.num_rows
+        positions.append(seen[id(t)] + np.arange(a, z))
     order = np.concatenate(positions)
-    order = order[_plan.window_permutation(spec["rng"], len(order))]
-    order = order[spec["skip"]:]
+    order = order[_plan.window_permutation(rng, len(order))][skip:stop]
     # take() on the unsliced tables: pyarrow 26's take on a *sliced* nested
     # fixed_size_list array returns wrong rows (tests/pipelines/test_loader.py::
     # test_pyarrow_nested_fsl_take_bug documents it); offsets 0 are safe.
-    return pa.concat_tables(tables).take(pa.array(order))
+    out = pa.concat_tables(tables).take(pa.array(order))
+    counters["host_copies"] += out.num_columns  # the permutation copies every column
+    counters["host_copy_bytes"] += out.nbytes
+    return out
 
 
-class _LocalWindows:
-    """Reads a host's windows in this process: :func:`read_window` (the function
-    ``reader="ray"`` maps over the windows, so the same rows in the same order) on
-    a few threads, in order, at most ``read_ahead`` windows ahead. pyarrow decodes
-    without the GIL, so the threads overlap decoding with conversion and transfer.
+def _coalesce(pieces: list) -> list[tuple[str, int, int]]:
+    """``pieces`` with file-contiguous neighbours merged, so consecutive row groups
+    of one file are one ``read_row_groups`` call (one chunk per column, so
+    batches inside it are views)."""
+    out: list[tuple[str, int, int]] = []
+    for path, lo, hi in pieces:
+        if out and out[-1][0] == path and out[-1][2] == lo:
+            out[-1] = (path, out[-1][1], hi)
+        else:
+            out.append((path, lo, hi))
+    return out
 
-    On object storage the bytes of the next windows are fetched further ahead
+
+def _new_counters() -> dict:
+    return {"rows_decoded": 0, "rows_decoded_peak": 0, "host_copies": 0, "host_copy_bytes": 0}
+
+
+def read_run(batch: dict, *, fs, base_dir: str, columns: list[str],
+             report: Any = None) -> Iterator[pa.Table]:
+    """Reads one run of windows (see :func:`_plan.read_runs`), one table per
+    window; also the Ray Data ``map_batches`` function of ``reader="ray"``.
+    A window is ``{"pieces", "rng", "skip", "key"}`` and optionally ``"stop"``:
+    it delivers rows ``[skip, stop)`` of its (permuted, if shuffling) rows.
+
+    Whole row groups are read with ``read_row_groups``; a piece that is part of
+    a row group, and the chunks of a row group larger than a window, are
+    streamed (:class:`_Stream`), so a run decodes each row it reads once.
+    Counters go to ``report`` when given, else into each table's schema
+    metadata under :data:`READ_COUNTERS_KEY` (a Ray task has no other way back).
+    """
+    assert len(batch["w"]) == 1
+    spec = json.loads(batch["spec"][0])
+    expect = spec.get("expect") or {}
+    wins = spec["windows"]
+    opened: dict[str, Any] = {}
+    handles = []
+    stream: _Stream | None = None
+    batch_rows = max(sum(hi - lo for _, lo, hi in w["pieces"]) for w in wins)
+    counters = _new_counters()
+    try:
+        def shard(path: str) -> Any:
+            if path not in opened and expect.get(path) is not None and _shards.is_remote(fs):
+                # Object storage: no stat, the run's column chunks in concurrent reads.
+                opened[path] = _shards.open_shard(
+                    fs, f"{base_dir}/{path}", expect[path], _shards.run_spans(wins, path),
+                    columns)
+            if path not in opened:
+                f = fs.open(f"{base_dir}/{path}", "rb")
+                handles.append(f)
+                opened[path] = _open_shard(f, f"{base_dir}/{path}", expect.get(path))
+            return opened[path]
+
+        if len(wins) > 1:  # the chunks of one piece: one stream for all of them
+            path = wins[0]["pieces"][0][0]
+            stream = _Stream(shard(path), wins[0]["pieces"][0][1], wins[-1]["pieces"][-1][2],
+                             columns, batch_rows, counters)
+        for w in wins:
+            if stream is None:
+                counters = _new_counters()
+            parts = []
+            for path, lo, hi in _coalesce(w["pieces"]):
+                if stream is not None:
+                    parts += stream.take(hi - lo)
+                    continue
+                pf = shard(path)
+                idx, _, exact = _overlapping_groups(pf, lo, hi)
+                if exact:
+                    t = pf.read_row_groups(idx, columns=columns)
+                    counters["rows_decoded"] += t.num_rows
+                    parts.append((t, 0, t.num_rows))
+                else:
+                    parts += _Stream(pf, lo, hi, columns, hi - lo, counters).take(hi - lo)
+            table = _window_table(parts, spec["shuffle"], w["rng"], w["skip"], w.get("stop"),
+                                  counters)
+            del parts
+            if report is not None:
+                report(counters)
+            else:
+                md = dict(table.schema.metadata or {})
+                md[READ_COUNTERS_KEY] = json.dumps({"key": w["key"], **counters}).encode()
+                table = table.replace_schema_metadata(md)
+            if stream is not None:
+                counters = _new_counters()  # the next chunk's own counts
+                stream._counters = counters
+            yield table
+    finally:
+        for f in handles:
+            f.close()
+
+
+class _LocalRuns:
+    """Reads a host's runs in this process with :func:`read_run` (the function
+    ``reader="ray"`` maps over the runs, so the same rows in the same order),
+    each on a thread that hands its windows over through a one-table queue;
+    tables come out in order. At most ``read_ahead`` runs are pending at once,
+    and a run stops pending as soon as its last window is handed over (as a
+    window read ahead used to). pyarrow decodes without the GIL, so the
+    threads overlap decoding with conversion and transfer. Memory: about
+    ``2 * read_ahead + 1`` windows of decoded rows at most.
+
+    On object storage the bytes of the next runs are fetched further ahead
     (:class:`._shards.FetchAhead`), so a store's first-byte delay overlaps
-    decoding: :data:`FETCH_AHEAD` windows beyond those being read, one more each
-    time the consumer has to wait for a window, up to :data:`FETCH_AHEAD_MAX`.
+    decoding: :data:`FETCH_AHEAD` runs beyond those being read, one more each
+    time the consumer has to wait, up to :data:`FETCH_AHEAD_MAX` (compressed
+    bytes, held until their run reads them).
     """
 
     def __init__(self, items: list[dict], fn_kwargs: dict, read_ahead: int, stop):
@@ -261,71 +408,147 @@ class _LocalWindows:
         self.fn_kwargs = fn_kwargs
         self.stop = stop
         self.read_ahead = max(1, int(read_ahead))
-        #: Windows fetched beyond those being read (object storage only).
+        #: Runs fetched beyond those being read (object storage only).
         self.fetch_depth = FETCH_AHEAD
 
-    def _read(self, item: dict) -> pa.Table:
-        return read_window({"w": [item["w"]], "spec": [item["spec"]]}, **self.fn_kwargs)
-
-    def __iter__(self) -> Iterator[pa.Table]:
-        from concurrent.futures import ThreadPoolExecutor
-
+    def _fetcher(self):
+        """Fetches the bytes of runs ``[fetched, n)`` ahead, on object storage."""
         fs, base = self.fn_kwargs["fs"], self.fn_kwargs["base_dir"]
         columns = self.fn_kwargs["columns"]
-        ahead = _shards.FetchAhead(4 * FETCH_AHEAD_MAX) if _shards.is_remote(fs) else None
+        if not _shards.is_remote(fs):
+            return None, lambda n: None
+        ahead = _shards.FetchAhead(4 * FETCH_AHEAD_MAX)
         fetched = 0
 
         def fetch_to(n: int) -> None:
             nonlocal fetched
-            while ahead is not None and fetched < min(n, len(self.items)):
+            while fetched < min(n, len(self.items)):
                 spec = json.loads(self.items[fetched]["spec"])
-                for path, lo, hi in spec["pieces"]:
-                    exp = (spec.get("expect") or {}).get(path)
-                    if exp is not None:
-                        ahead.submit(fs, f"{base}/{path}", exp[1], lo, hi, columns)
+                for path, exp in (spec.get("expect") or {}).items():
+                    ahead.submit(fs, f"{base}/{path}", int(exp[1]),
+                                 _shards.run_spans(spec["windows"], path), columns)
                 fetched += 1
 
+        return ahead, fetch_to
+
+    def _run(self, item: dict, q, closed) -> None:
+        import queue
+
+        def put(x) -> bool:
+            while not (closed.is_set() or self.stop.is_set()):
+                try:
+                    q.put(x, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        try:
+            n = 0
+            for table in read_run({"w": [item["w"]], "spec": [item["spec"]]}, **self.fn_kwargs):
+                n += 1
+                if not put(table):
+                    return
+            if n != item["n"]:  # pragma: no cover - read_run yields one table per window
+                put(RuntimeError(f"read run {item['w']}: {n} windows read, {item['n']} planned"))
+        except Exception as e:  # noqa: BLE001 - re-raised in the consumer, in order
+            put(e)
+
+    def __iter__(self) -> Iterator[pa.Table]:
+        import queue
+        from concurrent.futures import ThreadPoolExecutor
+
+        closed = threading.Event()
+        ahead, fetch_to = self._fetcher()
         pool = ThreadPoolExecutor(self.read_ahead, thread_name_prefix="slicefeed-read")
         try:
             fetch_to(self.read_ahead + self.fetch_depth)
-            pending = [pool.submit(self._read, it) for it in self.items[: self.read_ahead]]
-            nxt = len(pending)
+            pending: list[list] = []  # [queue, windows still to hand over]
+            nxt = 0
+
+            def submit() -> None:
+                nonlocal nxt
+                q: queue.Queue = queue.Queue(maxsize=1)
+                pool.submit(self._run, self.items[nxt], q, closed)
+                pending.append([q, self.items[nxt]["n"]])
+                nxt += 1
+
+            while nxt < min(self.read_ahead, len(self.items)):
+                submit()
             while pending:
-                head = pending.pop(0)
-                if ahead is not None and not head.done():
-                    self.fetch_depth = min(self.fetch_depth + 1, FETCH_AHEAD_MAX)
-                table = head.result()
-                if nxt < len(self.items) and not self.stop.is_set():
-                    pending.append(pool.submit(self._read, self.items[nxt]))
-                    nxt += 1
-                    fetch_to(nxt + self.fetch_depth)
-                yield table
+                head = pending[0]
+                x = None
+                while x is None:
+                    try:
+                        x = head[0].get(timeout=0.1)
+                    except queue.Empty:
+                        if self.stop.is_set():
+                            return
+                        if ahead is not None:  # the consumer waits: fetch further ahead
+                            self.fetch_depth = min(self.fetch_depth + 1, FETCH_AHEAD_MAX)
+                if isinstance(x, BaseException):
+                    raise x
+                head[1] -= 1
+                if head[1] == 0:
+                    pending.pop(0)
+                    if nxt < len(self.items) and not self.stop.is_set():
+                        submit()
+                        fetch_to(nxt + self.fetch_depth)
+                yield x
         finally:
+            closed.set()
             pool.shutdown(wait=False, cancel_futures=True)
             if ahead is not None:
                 ahead.close()
 
 
-#: Windows whose bytes are fetched beyond those being read, on object storage
-#: (see :class:`_LocalWindows`); a window is ~32 MB decoded.
+#: Runs whose bytes are fetched beyond those being read, on object storage (see
+#: :class:`_LocalRuns`); a run is one window (~32 MB decoded) or the chunks of
+#: one large row group.
 FETCH_AHEAD = 1
 FETCH_AHEAD_MAX = 4
 
 
+def _ray_read_tables(ds: Any, ctx: ReadContext) -> Iterator[pa.Table]:
+    """Blocks of a ``reader="ray"`` read, as produced (one per window), with the
+    read tasks' counters taken from their metadata; each block was put once in
+    Ray's object store, a copy of every column."""
+    seen: set[str] = set()
+    for t in ds.iter_batches(batch_size=None, batch_format="pyarrow",
+                             prefetch_batches=ctx.ray_prefetch_batches):
+        md = dict(t.schema.metadata or {})
+        raw = md.pop(READ_COUNTERS_KEY, None)
+        t = t.replace_schema_metadata(md or None)
+        if ctx.on_read is not None:
+            counts = {"host_copies": t.num_columns, "host_copy_bytes": t.nbytes}
+            if raw is not None:
+                c = json.loads(raw)
+                key = c.pop("key")
+                if key not in seen:  # a block Ray split carries them twice
+                    seen.add(key)
+                    for k, v in c.items():
+                        counts[k] = counts.get(k, 0) + v
+            ctx.on_read(counts)
+        yield t
+
+
 class ManifestSource:
-    """A committed dataset (its manifest): shares and windows planned from file sizes."""
+    """A committed dataset (its manifest): shares and windows planned from the
+    manifest's row counts and row groups, no file opened before reading."""
 
     kind = "manifest"
 
-    def __init__(self, uri: str, fs_kwargs: Mapping[str, Any]):
+    def __init__(self, uri: str, fs_kwargs: Mapping[str, Any], version: int | None = None):
         from slicefeed.connectors import read_manifest, resolve_filesystem
 
         self.uri = uri
-        self.manifest = read_manifest(uri, **fs_kwargs)
+        self.manifest = read_manifest(uri, version=version, **fs_kwargs)
         self.resolved = resolve_filesystem(uri, **fs_kwargs)
         #: The version this loader reads for its whole life (an overwrite keeps its files).
         self.version = self.manifest.version
         self.files = [(f.path, int(f.num_rows)) for f in self.manifest.files]
+        self.units = _plan.read_units(
+            [(f.path, int(f.num_rows), tuple(f.row_groups)) for f in self.manifest.files])
         self.expect = {f.path: [int(f.num_rows), int(f.num_bytes)] for f in self.manifest.files}
         self.num_rows = sum(n for _, n in self.files)
         nbytes = sum(int(f.num_bytes) for f in self.manifest.files)
@@ -337,7 +560,8 @@ class ManifestSource:
 
     def fingerprint(self) -> dict:
         h = hashlib.sha256(json.dumps(self.files).encode()).hexdigest()[:16]
-        return {"source": self.kind, "num_rows": self.num_rows, "files": h}
+        return {"source": self.kind, "dataset_version": self.version, "num_rows": self.num_rows,
+                "files": h}
 
     def share_sizes(self, process_count: int) -> list[int]:
         return [b - a for a, b in _plan.host_shares(self.num_rows, process_count)]
@@ -346,31 +570,53 @@ class ManifestSource:
         return None  # known through share_sizes
 
     def share(self, epoch: int, ctx: ReadContext) -> list[_plan.Piece]:
-        order = _plan.epoch_file_order(len(self.files), ctx.seed, epoch, ctx.shuffle)
+        order = _plan.epoch_unit_order(len(self.units), ctx.seed, epoch, ctx.shuffle)
         start, stop = _plan.host_shares(self.num_rows, ctx.process_count)[ctx.process_index]
         if ctx.limit_rows is not None:
             stop = min(stop, start + ctx.limit_rows)
-        return _plan.pieces(self.files, order, start, stop)
+        return _plan.pieces(self.units, order, start, stop)
 
     def tables(self, epoch: int, skip_rows: int, ctx: ReadContext) -> Iterator[pa.Table]:
-        windows = _plan.windows(self.share(epoch, ctx), ctx.window_rows)
-        first = skip_rows // ctx.window_rows
-        skip = skip_rows - first * ctx.window_rows
+        if ctx.spans is not None:
+            return self._span_tables(ctx.spans, epoch, skip_rows, ctx)
+        # The plan below is mirrored by _plan.host_spans (elastic resume): change both.
+        share = self.share(epoch, ctx)
+        windows = _plan.windows(share, ctx.window_rows)
+        first, skip = _plan.find_window(windows, skip_rows)
         items = []
-        for k in range(first, len(windows)):
-            spec = {
-                "pieces": windows[k],
-                "shuffle": ctx.shuffle,
-                "rng": _plan.window_rng(ctx.seed, epoch, ctx.process_index, k),
-                "skip": 0,
-            }
-            if k == first and skip:
-                if ctx.shuffle:
-                    spec["skip"] = skip  # read the window, permute, then drop the prefix
-                else:  # no permutation: start reading at the resume row
-                    spec["pieces"] = _plan.skip_pieces(windows[k], skip)
-            spec["expect"] = {p: self.expect[p] for p, _, _ in spec["pieces"]}
-            items.append({"w": k, "spec": json.dumps(spec)})
+        for k0, k1 in _plan.read_runs(share, ctx.window_rows):
+            if k1 <= first:
+                continue
+            wins = []
+            for k in range(max(k0, first), k1):
+                w = {"pieces": windows[k], "key": f"{epoch}/{k}", "skip": 0,
+                     "rng": _plan.window_rng(ctx.seed, epoch, ctx.process_index, k)}
+                if k == first and skip:
+                    if ctx.shuffle:
+                        w["skip"] = skip  # read the window, permute, then drop the prefix
+                    else:  # no permutation: start reading at the resume row
+                        w["pieces"] = _plan.skip_pieces(windows[k], skip)
+                wins.append(w)
+            spec = {"windows": wins, "shuffle": ctx.shuffle,
+                    "expect": {p: self.expect[p] for w in wins for p, _, _ in w["pieces"]}}
+            items.append({"w": k0, "n": len(wins), "spec": json.dumps(spec)})
+        return self._read_items(items, ctx)
+
+    def _span_tables(self, spans, epoch: int, skip_rows: int, ctx: ReadContext) -> Iterator[pa.Table]:
+        """A resumed epoch's spans from row ``skip_rows``, one run each: a shuffled
+        span reads its whole window and delivers rows ``[lo, hi)`` of its
+        permutation; an unshuffled one reads only its rows."""
+        items = []
+        for k, s in enumerate(_plan.cut_spans(spans, skip_rows, _plan.spans_rows(spans))):
+            w = {"pieces": s.pieces, "key": f"{epoch}/s{k}", "skip": s.lo, "stop": s.hi,
+                 "rng": list(s.rng) if s.rng is not None else None}
+            spec = {"windows": [w], "shuffle": s.rng is not None,
+                    "expect": {p: self.expect[p] for p, _, _ in s.pieces}}
+            items.append({"w": k, "n": 1, "spec": json.dumps(spec)})
+        return self._read_items(items, ctx)
+
+    def _read_items(self, items: list[dict], ctx: ReadContext) -> Iterator[pa.Table]:
+        """Tables of ``ctx.batch_rows`` rows from runs of window specs, read in order."""
         if not items:
             return iter(())
         fn_kwargs = {
@@ -380,20 +626,26 @@ class ManifestSource:
         }
         if ctx.reader == "local":
             return _batches_of(
-                iter(_LocalWindows(items, fn_kwargs, ctx.read_ahead, ctx.stop)), ctx.batch_rows
-            )
+                iter(_LocalRuns(items, {**fn_kwargs, "report": ctx.on_read}, ctx.read_ahead,
+                                ctx.stop)), ctx.batch_rows)
         import ray.data
 
         ds = ray.data.from_items(items, override_num_blocks=len(items))
         ds = _compat.dataset_preserving_order(ds)
-        ds = ds.map_batches(read_window, batch_size=1, batch_format="numpy", fn_kwargs=fn_kwargs)
+        ds = ds.map_batches(read_run, batch_size=1, batch_format="numpy", fn_kwargs=fn_kwargs)
         ds = _compat.dataset_preserving_order(ds)
-        return _ray_tables(ds, epoch, 0, dataclasses.replace(ctx, shuffle=False))
+        return _batches_of(_ray_read_tables(ds, ctx), ctx.batch_rows)
 
     def locate(self, epoch: int, row: int, ctx: ReadContext) -> str:
-        k = row // ctx.window_rows
-        rng = _plan.window_rng(ctx.seed, epoch, ctx.process_index, k) if ctx.shuffle else None
-        path, file_row, _ = _plan.locate(self.share(epoch, ctx), ctx.window_rows, row, rng)
+        if ctx.spans is not None:
+            path, file_row, _ = _plan.locate_span(ctx.spans, row)
+            return f"file {path!r} row {file_row}"
+
+        def rng_of(k: int) -> list[int]:
+            return _plan.window_rng(ctx.seed, epoch, ctx.process_index, k)
+
+        path, file_row, _ = _plan.locate(self.share(epoch, ctx), ctx.window_rows, row,
+                                         rng_of if ctx.shuffle else None)
         return f"file {path!r} row {file_row}"
 
 
@@ -414,6 +666,7 @@ def make_source(
     process_index: int = 0,
     process_count: int = 1,
     host_local: bool = False,
+    version: int | None = None,
 ) -> Source:
     """The :class:`Source` for what the user passed.
 
@@ -421,12 +674,14 @@ def make_source(
     files (host ``i`` of ``n`` reads files ``i::n``); a ``ray.data.Dataset`` is
     refused unless ``host_local`` says it is this host's own data.
 
+    ``version`` opens that version of a committed dataset (a resumed state's).
+
     Raises:
         SpecError: an unsupported source, a ``.dataset()`` that returns no
             Dataset, or a Dataset shared by several processes.
     """
     if isinstance(source, str) or hasattr(source, "__fspath__"):
-        return ManifestSource(str(source), fs_kwargs)
+        return ManifestSource(str(source), fs_kwargs, version)
     import ray.data
 
     shared = process_count > 1 and not host_local

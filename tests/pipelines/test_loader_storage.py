@@ -86,3 +86,20 @@ def test_truncated_gs_shard_is_named_without_stat(gcs, bucket, jax_cpu):
             JaxLoader(uri, global_batch_size=8, num_epochs=1) as loader:
         for _ in loader:
             pass
+
+
+def test_gs_batches_equal_local_batches_with_streamed_row_groups(gcs, bucket, local_dir,
+                                                                 jax_cpu):
+    """Ranged reads deliver the very batches a local read does, also when row
+    groups are larger than a window (read in chunks) and windows are shuffled."""
+    from slicefeed.pipelines import JaxLoader
+
+    def batches(uri: str) -> list[list[int]]:
+        write_committed(uri, SIZES, row_group_size=40)
+        with JaxLoader(uri, global_batch_size=8, num_epochs=2, shuffle=True, seed=3,
+                       shuffle_buffer_rows=16) as loader:
+            return [np.asarray(b["id"]).tolist() + np.asarray(b["x"])[:, 0].tolist()
+                    for b in loader]
+
+    local = batches(f"{local_dir}/same")
+    assert local and local == batches(f"gs://{bucket}/same")
