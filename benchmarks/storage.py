@@ -251,7 +251,8 @@ def warm_proxy(proxy, meta: dict) -> None:
         proxy.delay_s = delay
 
 
-def run_case(name: str, kind: str, delay_ms: float | None, meta: dict, proxy, args) -> dict:
+def run_case(name: str, kind: str, delay_ms: float | None, meta: dict, proxy, args,
+             python: str | None = None) -> dict:
     fd, out = tempfile.mkstemp(prefix=f"bench-storage-{kind}-", suffix=".json")
     os.close(fd)
     cfg = {"kind": kind, "batch_size": args.batch_size, "meta": meta, "out": out,
@@ -262,7 +263,8 @@ def run_case(name: str, kind: str, delay_ms: float | None, meta: dict, proxy, ar
     proxy.delay_s = (delay_ms or 0.0) / 1000.0
     proxy.reset_counts()
     t = time.perf_counter()
-    p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child", json.dumps(cfg)],
+    p = subprocess.Popen([python or sys.executable, os.path.abspath(__file__), "--child",
+                          json.dumps(cfg)],
                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          start_new_session=True)
     sampler = TreeRSSSampler(p.pid)
@@ -389,6 +391,14 @@ def summarise(runs: dict[str, list[dict]], peers: list[str]) -> tuple[dict, dict
             r.update(target=TARGETS.get(key), met=(r["ratio"] >= TARGETS[key])
                      if key in TARGETS else None)
             ratios[key] = r
+    for d in sorted({r.get("delay_ms") or 0.0 for rs in runs.values() for r in rs}):
+        r = ratio(f"slicefeed@{d:g}", f"baseline@{d:g}")
+        if r:
+            ratios[f"slicefeed@{d:g}/baseline@{d:g}"] = r
+    for name in [n for n in runs if n.startswith("baseline@") and n != "baseline@0"]:
+        r = ratio(name, "baseline@0")
+        if r:
+            ratios[f"{name}/baseline@0"] = r
     r = ratio("slicefeed@0", "slicefeed_local")
     if r:
         ratios["slicefeed@0/slicefeed_local"] = r
@@ -473,6 +483,8 @@ def main(argv=None) -> int:
     ap.add_argument("--files", type=int, help="Parquet files (default 16; quick 8)")
     ap.add_argument("--row-group", type=int, default=1024)
     ap.add_argument("--timeout", type=float, default=None, help="seconds per case process")
+    ap.add_argument("--baseline-python", help="also run the slicefeed@<ms> cases as baseline@<ms> "
+                    "with this interpreter (another slicefeed install, e.g. main's venv)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -501,6 +513,8 @@ def main(argv=None) -> int:
     if 0.0 not in delays:
         delays.insert(0, 0.0)
     plan = [(f"slicefeed@{d:g}", "slicefeed", d) for d in delays]
+    if args.baseline_python:  # the same cases on another slicefeed (e.g. main's venv)
+        plan += [(f"baseline@{d:g}", "slicefeed", d) for d in delays]
     plan.append(("slicefeed_local", "slicefeed_local", None))
     peer_names = []
     for d in [float(x) for x in args.peer_delays.split(",") if x]:
@@ -523,7 +537,8 @@ def main(argv=None) -> int:
             runs: dict[str, list[dict]] = {n: [] for n, _, _ in plan}
             for r in range(args.repeat):
                 for name, kind, d in plan:  # round-robin: load changes hit every case alike
-                    res = run_case(name, kind, d, meta, proxy, args)
+                    python = args.baseline_python if name.startswith("baseline") else None
+                    res = run_case(name, kind, d, meta, proxy, args, python)
                     runs[name].append(res)
                     rq = res.get("requests") or {}
                     print(f"  [{r + 1}/{args.repeat}] {name:<18}{_fmt(res.get('rows_per_s')):>9}"
@@ -551,6 +566,7 @@ def main(argv=None) -> int:
                    "file_bytes": meta["file_bytes"], "global_batch_size": args.batch_size,
                    "repeat": args.repeat, "delays_ms": delays, "peers": peer_names,
                    "peer_fs": args.peer_fs, "bandwidth_mb_per_conn": args.bandwidth_mb,
+                   "baseline_python": args.baseline_python,
                    "upload_s": upload_s},
         "runs": runs, "table": table, "total_s": time.perf_counter() - t_all,
     }
