@@ -218,7 +218,8 @@ def case_slicefeed(cfg, meta, consume, extra) -> float:
     st = loader.stats()
     extra["loader_stats"] = {
         k: st[k]
-        for k in ("rows", "batches", "host_copies", "input_stall_s_total", "time_to_first_batch_s")
+        for k in ("rows", "batches", "rows_decoded", "rows_decoded_peak", "host_copies",
+                  "host_copy_bytes", "input_stall_s_total", "time_to_first_batch_s")
         if k in st
     }
     return t0

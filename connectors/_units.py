@@ -55,6 +55,7 @@ from slicefeed.connectors._manifest import (
     now_iso,
     read_manifest,
 )
+from slicefeed.connectors._parquet import encode_shard
 from slicefeed.connectors._verify import shard_sha256
 
 logger = logging.getLogger(__name__)
@@ -99,25 +100,23 @@ class UnitResult:
 
 def _run_unit(target: ResolvedPath, unit: Unit, writer: str, read: Callable[[str], pa.Table],
               process: Callable[[pa.Table], tuple[pa.Table, dict[str, Any]]],
-              compression: str, row_group_size: int | None) -> dict[str, Any]:
+              compression: str, row_group_size: int | None,
+              row_group_bytes: int | None = None) -> dict[str, Any]:
     """Ray task body: read one file, transform it, write its shard and side record."""
-    import pyarrow.parquet as pq
 
     table, counts = process(read(unit.path))
     entry: dict[str, Any] = {"index": unit.index, "key": unit.key, "writer": writer,
                              "counts": counts, "path": None, "num_rows": 0}
     if table.num_rows:
-        sink = pa.BufferOutputStream()
-        pq.write_table(table, sink, compression=compression, row_group_size=row_group_size)
-        buf = sink.getvalue()
-        meta = pq.read_metadata(pa.BufferReader(buf))
-        data = buf.to_pybytes()
+        data, groups = encode_shard(table, compression=compression,
+                                    row_group_size=row_group_size,
+                                    row_group_bytes=row_group_bytes)
         name = unit.shard(writer)
         write_atomic(target.join(name), data)
         entry.update(
             path=name, num_rows=table.num_rows, num_bytes=len(data),
             sha256=hashlib.sha256(data).hexdigest(),
-            row_groups=[meta.row_group(i).num_rows for i in range(meta.num_row_groups)],
+            row_groups=groups,
             schema=_b64(table.schema.remove_metadata().serialize().to_pybytes()),
         )
     doc = json.dumps(entry).encode()
@@ -224,6 +223,7 @@ def write_units(
     before_commit: Callable[[Manifest, list[dict[str, Any]]], None] | None = None,
     compression: str = "snappy",
     row_group_size: int | None = None,
+    row_group_bytes: int | None = None,
     on_reused: Callable[[list[dict[str, Any]]], None] | None = None,
     max_retries: int = 2,
 ) -> UnitResult:
@@ -269,7 +269,8 @@ def write_units(
         # Bounded like the Ray Data path: a unit that kills its worker every time
         # ends the run instead of being resubmitted forever.
         task = ray.remote(num_cpus=1, max_retries=max_retries)(_run_unit)
-        refs = [task.remote(target, u, writer_id, read, process, compression, row_group_size)
+        refs = [task.remote(target, u, writer_id, read, process, compression, row_group_size,
+                           row_group_bytes)
                 for u in todo]
         results: dict[int, dict[str, Any]] = dict(reused)
         # Every task ends before anything is judged, so a failed run's cleanup

@@ -22,7 +22,6 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import ray
 from ray.data.block import Block, BlockAccessor
 from ray.data.datasource import Datasink
@@ -55,6 +54,7 @@ from slicefeed.connectors._manifest import (
     read_manifest,
     version_name,
 )
+from slicefeed.connectors._parquet import encode_shard
 from slicefeed.connectors._verify import verify_shards
 
 logger = logging.getLogger(__name__)
@@ -76,6 +76,8 @@ class CommittedParquetDatasink(Datasink[dict]):
         compression: Parquet codec.
         min_rows_per_file: Passed to Ray as the minimum rows per write task.
         row_group_size: Maximum rows per Parquet row group.
+        row_group_bytes: Maximum decoded (Arrow) bytes per row group
+            (default ``ROW_GROUP_BYTES``, 64 MiB).
     """
 
     def __init__(
@@ -88,6 +90,7 @@ class CommittedParquetDatasink(Datasink[dict]):
         compression: str = "snappy",
         min_rows_per_file: int | None = None,
         row_group_size: int | None = None,
+        row_group_bytes: int | None = None,
         before_commit: Callable[[Manifest], None] | None = None,
     ):
         self.target = target
@@ -97,6 +100,7 @@ class CommittedParquetDatasink(Datasink[dict]):
         self.metadata = dict(metadata or {})
         self.compression = compression
         self.row_group_size = row_group_size
+        self.row_group_bytes = row_group_bytes
         self._min_rows_per_file = min_rows_per_file
         self.manifest: Manifest | None = None
 
@@ -116,13 +120,10 @@ class CommittedParquetDatasink(Datasink[dict]):
         if not tables:
             return None
         table = pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0]
-        sink = pa.BufferOutputStream()
-        pq.write_table(
-            table, sink, compression=self.compression, row_group_size=self.row_group_size
+        data, groups = encode_shard(
+            table, compression=self.compression, row_group_size=self.row_group_size,
+            row_group_bytes=self.row_group_bytes,
         )
-        buf = sink.getvalue()
-        meta = pq.read_metadata(pa.BufferReader(buf))
-        data = buf.to_pybytes()
         name = f"{SHARD_PREFIX}{ctx.task_idx:05d}-{self.run_id}.parquet"
         # Writer-owned name: a retried task may replace its own shard.
         write_atomic(self.target.join(name), data)
@@ -132,7 +133,7 @@ class CommittedParquetDatasink(Datasink[dict]):
             "num_rows": table.num_rows,
             "num_bytes": len(data),
             "sha256": hashlib.sha256(data).hexdigest(),
-            "row_groups": [meta.row_group(i).num_rows for i in range(meta.num_row_groups)],
+            "row_groups": groups,
             "schema": table.schema.remove_metadata().serialize().to_pybytes(),
         }
 
@@ -219,6 +220,7 @@ def write_parquet(
     compression: str = "snappy",
     min_rows_per_file: int | None = None,
     row_group_size: int | None = None,
+    row_group_bytes: int | None = None,
     ray_remote_args: dict[str, Any] | None = None,
     before_commit: Callable[[Manifest], None] | None = None,
     inputs: Sequence[InputFile] | None = None,
@@ -245,6 +247,9 @@ def write_parquet(
         compression: Parquet codec for the shards.
         min_rows_per_file: Minimum rows per shard (Ray buffers rows to reach it).
         row_group_size: Maximum rows per Parquet row group.
+        row_group_bytes: Maximum decoded (Arrow) bytes per row group (default
+            64 MiB): what a reader holds and decodes at once. The manifest
+            records every shard's row-group row counts.
         ray_remote_args: Ray options for the write tasks.
         before_commit: Called with the manifest just before it is committed;
             raising aborts the commit (this writer's shards are removed).
@@ -286,6 +291,7 @@ def write_parquet(
         compression=compression,
         min_rows_per_file=min_rows_per_file,
         row_group_size=row_group_size,
+        row_group_bytes=row_group_bytes,
     )
     sidecars = [s for s in (report, quarantine) if s]
     committed = False

@@ -624,7 +624,7 @@ class Pipeline:
         if self.spec.preprocess_on:
             return "placement.preprocess_on runs the job through Ray Data: a rerun recomputes everything"
         extra = set(self.spec.sink.options if self.spec.sink is not None else ()) - {
-            "compression", "row_group_size"}
+            "compression", "row_group_size", "row_group_bytes"}
         if extra:
             return (f"sink option(s) {sorted(extra)} size shards across input files: a rerun "
                     "recomputes everything")
@@ -673,7 +673,8 @@ class Pipeline:
             fingerprint=fingerprint, metadata=metadata, inputs=inputs, report=report_rel,
             quarantine=quarantine_rel, before_commit=lambda m, _counts: before_commit(m),
             compression=sopts.get("compression", "snappy"),
-            row_group_size=sopts.get("row_group_size"), on_reused=on_reused,
+            row_group_size=sopts.get("row_group_size"),
+            row_group_bytes=sopts.get("row_group_bytes"), on_reused=on_reused,
             max_retries=self.spec.task_retries,
         )
         info.update(shards_reused=result.reused, units=result.units, bytes_read=result.bytes_read)

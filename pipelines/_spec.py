@@ -70,7 +70,7 @@ SOURCE_OPTIONS = {
     **{name: f.spec_options for name, f in FORMATS.items()},
     "dataset": ("columns",),
 }
-SINK_OPTIONS = ("compression", "min_rows_per_file", "row_group_size")
+SINK_OPTIONS = ("compression", "min_rows_per_file", "row_group_size", "row_group_bytes")
 STORAGE_OPTIONS = ("credentials", "anonymous", "project")
 #: Parquet codecs pyarrow writes (``sink.options.compression``, any case).
 COMPRESSIONS = ("none", "snappy", "gzip", "brotli", "lz4", "zstd")
@@ -97,6 +97,7 @@ _SINK_OPTION_TYPES = {
     "compression": {"enum": list(COMPRESSIONS)},
     "min_rows_per_file": {"type": "integer", "minimum": 1},
     "row_group_size": {"type": "integer", "minimum": 1},
+    "row_group_bytes": {"type": "integer", "minimum": 1},
 }
 
 _STORAGE = {

@@ -143,6 +143,32 @@ def configure_process_env() -> None:
     os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
 
 
+# Set by the session's ``ray_cluster`` fixture: the address CLI subprocesses join.
+SESSION_RAY_ENV = "SLICEFEED_TEST_RAY_ADDRESS"
+
+
+def run_slicefeed(
+    *args: str, env: dict | None = None, timeout: float = 240, own_ray: bool = False
+) -> subprocess.CompletedProcess:
+    """Runs the ``slicefeed`` console script as a subprocess, as a user would.
+
+    A command that needs Ray joins the session's cluster (``RAY_ADDRESS``, the
+    documented way to run against an existing cluster) when the session has
+    one, so each run does not pay for starting and stopping a Ray of its own;
+    ``own_ray=True`` makes the subprocess start a fresh local Ray, as a user's
+    first run on a laptop does. ``env`` entries override everything.
+    """
+    exe = os.path.join(os.path.dirname(sys.executable), "slicefeed")
+    full = dict(os.environ)
+    full.pop("RAY_ADDRESS", None)
+    full["RAY_DATA_DISABLE_PROGRESS_BARS"] = "1"
+    session = full.pop(SESSION_RAY_ENV, None)
+    if session and not own_ray:
+        full["RAY_ADDRESS"] = session
+    full.update(env or {})
+    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout, env=full)
+
+
 def put_bytes(uri: str, data: bytes | str) -> None:
     """Writes ``data`` (str is UTF-8 encoded) to ``uri`` on any storage, creating folders."""
     from slicefeed.connectors import resolve_filesystem

@@ -3,7 +3,8 @@
 - ``gcs``: a ``gcp-storage-emulator`` server on a free loopback port (session);
   ``STORAGE_EMULATOR_HOST`` points gcsfs at it, in this process and in the Ray
   workers started after it.
-- ``ray_cluster``: ``ray.init(address="local", num_cpus=2)`` once per session.
+- ``ray_cluster``: ``ray.init(address="local", num_cpus=2)`` once per session;
+  ``slicefeed`` CLI subprocesses started with ``run_slicefeed`` join it.
 - ``base_uri``: parametrised over ``local`` and ``gcs``: a fresh empty prefix
   whose path contains spaces, on local disk or in a fresh emulator bucket.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 import os
 import uuid
 
-from tests._harness import GCSEmulator, configure_process_env
+from tests._harness import SESSION_RAY_ENV, GCSEmulator, configure_process_env
 
 configure_process_env()
 
@@ -57,7 +58,10 @@ def ray_cluster(gcs):
             log_to_driver=False,
             configure_logging=False,
         )
+    # CLI subprocesses join this cluster (tests._harness.run_slicefeed).
+    os.environ[SESSION_RAY_ENV] = ray.get_runtime_context().gcs_address
     yield ray
+    os.environ.pop(SESSION_RAY_ENV, None)
     ray.shutdown()
 
 

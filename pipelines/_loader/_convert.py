@@ -315,12 +315,20 @@ def _default_locator(i: int) -> str:
     return f"row {i} of the batch"
 
 
+def _copied(counter: list[int], nbytes: int) -> None:
+    """Counts one copy of a column (``counter[1]``, when present, adds its bytes)."""
+    counter[0] += 1
+    if len(counter) > 1:
+        counter[1] += int(nbytes)
+
+
 def _single_chunk(col: pa.ChunkedArray | pa.Array, counter: list[int]) -> pa.Array:
     if isinstance(col, pa.ChunkedArray):
         if col.num_chunks == 1:
             return col.chunk(0)
-        counter[0] += 1
-        return col.combine_chunks()
+        out = col.combine_chunks()
+        _copied(counter, out.nbytes)
+        return out
     return col
 
 
@@ -334,8 +342,9 @@ def _check_nulls(name: str, arr: pa.Array) -> None:
 
 def _primitive_view(arr: pa.Array, counter: list[int]) -> np.ndarray:
     if pa.types.is_boolean(arr.type):
-        counter[0] += 1
-        return arr.to_numpy(zero_copy_only=False)
+        out = arr.to_numpy(zero_copy_only=False)
+        _copied(counter, out.nbytes)
+        return out
     return arr.to_numpy(zero_copy_only=True)
 
 
@@ -382,8 +391,9 @@ def _checked_cast(spec: ColumnSpec, a: np.ndarray, locate: Locator, counter: lis
             f"dtypes[{spec.name!r}] = {to} (cast from {a.dtype}); use a wider dtype "
             f"(with x64 enabled for 64-bit) or fix the value in the pipeline."
         )
-    counter[0] += 1
-    return a.astype(to)
+    out = a.astype(to)
+    _copied(counter, out.nbytes)
+    return out
 
 
 def convert_column(
@@ -394,7 +404,8 @@ def convert_column(
 ):
     """One column of a batch as a NumPy array of ``spec.out_dtype``.
 
-    ``counter[0]`` is incremented once per full copy of the column made here;
+    ``counter[0]`` is incremented once per full copy of the column made here
+    (``counter[1]``, when present, adds the bytes copied);
     ``locate(i)`` names row ``i`` of the batch in a range error.
     """
     arr = _single_chunk(col, counter)
@@ -435,7 +446,7 @@ def convert_column(
         out = np.zeros((n, L), dtype=vals.dtype)
         pos = offsets[:-1, None] + np.arange(L)[None, :]
         out[valid] = vals[pos[valid]]
-        counter[0] += 1
+        _copied(counter, out.nbytes)
         if out.dtype != spec.out_dtype:  # the zeros of the padding are always in range
             out = _checked_cast(spec, out, locate, counter)
         if spec.pad_value != 0:

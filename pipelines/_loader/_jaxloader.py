@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import weakref
@@ -18,7 +19,9 @@ from slicefeed.pipelines._loader._prefetch import Runtime
 from slicefeed.pipelines._loader._produce import Producer, Stats
 from slicefeed.pipelines._loader._sources import ManifestSource, ReadContext, make_source
 
-STATE_VERSION = 2
+#: Version 3: committed datasets are read in row-group windows (another row
+#: order than version 2's file windows), so a version-2 state cannot resume exactly.
+STATE_VERSION = 3
 # Rows per read window of a committed dataset when not shuffling: ~32 MB of decoded
 # rows per read (benchmarks/loader.py: 64 MB of *compressed* Parquet made the first
 # window 4x larger and multiplied the time to first batch).
@@ -239,8 +242,10 @@ class JaxLoader:
             ray_prefetch_batches=opts.ray_prefetch_batches,
             stop=stop,
             limit_rows=limit,
+            on_read=None,
         )
         self._stats = Stats()
+        ctx = dataclasses.replace(ctx, on_read=self._stats.record)
         producer = Producer(
             source=src,
             ctx=ctx,
@@ -337,12 +342,21 @@ class JaxLoader:
         return self.steps_per_epoch
 
     def stats(self) -> dict:
-        """Counters: rows (real rows delivered by this host), batches, bytes (host
-        bytes delivered), dropped_rows, padded_rows, host_copies (full-column copies
-        made while converting), input stall (time ``next()`` waited, total/max/last/
-        mean per step), time_to_first_batch_s (from construction)."""
+        """Counters of this host: ``rows`` / ``rows_delivered`` (real rows
+        delivered), ``rows_decoded`` (rows the reader decoded, or Ray produced,
+        including rows read only to be skipped), ``rows_decoded_peak`` (most
+        decoded rows one read held at once), batches, bytes (host bytes
+        delivered), dropped_rows, padded_rows, ``host_copies`` / ``host_copy_bytes``
+        (every host-side copy of a column the loader makes: chunk
+        concatenation, bool unpacking, ``dtypes`` casts, list padding, partial-
+        batch padding, the shuffle permutation of a window, a window's put into
+        Ray's object store with ``reader="ray"``; copies inside Ray Data for a
+        Dataset source are Ray's and not counted), input stall (time ``next()``
+        waited, total/max/last/mean per step), time_to_first_batch_s (from
+        construction)."""
         with self._stats.lock:
             s = dict(self._stats.values)
+        s["rows_delivered"] = s["rows"]
         s["input_stall_s_mean"] = s["input_stall_s_total"] / max(s["batches"], 1)
         s["steps_per_epoch"] = self.steps_per_epoch
         return s
@@ -396,6 +410,13 @@ class JaxLoader:
     # ------------------------------------------------------------------ state
 
     def _load_state(self, state: Mapping[str, Any]) -> None:
+        if state.get("version") == 2:
+            raise SpecError(
+                "JaxLoader: this state (version 2) was saved by an older slicefeed that read "
+                "committed datasets in another row order; it cannot resume exactly with this "
+                f"version (state version {STATE_VERSION}). Start the loader without state= "
+                "at the saved epoch boundary, or finish the run with the older slicefeed."
+            )
         if state.get("version") != STATE_VERSION:
             raise SpecError(
                 f"JaxLoader: state version {state.get('version')!r} is not supported "

@@ -31,7 +31,10 @@ class Stats:
             "bytes": 0,
             "dropped_rows": 0,
             "padded_rows": 0,
+            "rows_decoded": 0,
+            "rows_decoded_peak": 0,
             "host_copies": 0,
+            "host_copy_bytes": 0,
             "host_copy_batches": 0,
             "input_stall_s_total": 0.0,
             "input_stall_s_max": 0.0,
@@ -43,6 +46,15 @@ class Stats:
         with self.lock:
             for k, v in kw.items():
                 self.values[k] += v
+
+    def record(self, counts: dict) -> None:
+        """Adds a reader's counters (``*_peak`` keys keep the maximum)."""
+        with self.lock:
+            for k, v in counts.items():
+                if k.endswith("_peak"):
+                    self.values[k] = max(self.values[k], v)
+                else:
+                    self.values[k] += v
 
 
 class Producer:
@@ -109,7 +121,7 @@ class Producer:
     # ------------------------------------------------------------------ one batch
 
     def _convert(self, table, epoch: int, first_row: int) -> tuple[dict, int]:
-        counter = [0]
+        counter = [0, 0]  # column copies, bytes copied
         source, ctx = self.source, self.ctx
 
         def locate(i: int) -> str:
@@ -119,10 +131,11 @@ class Producer:
         n = table.num_rows
         if n < self.lb:
             host = pad_batch(host, self.specs, self.lb)
-            counter[0] += 1
+            counter[0] += len(host)  # every column is copied into its padded array
+            counter[1] += sum(a.nbytes for a in host.values())
         if self.mask_key:
             host[self.mask_key] = np.arange(self.lb) < n
-        self.stats.add(host_copies=counter[0], host_copy_batches=1)
+        self.stats.add(host_copies=counter[0], host_copy_bytes=counter[1], host_copy_batches=1)
         return self.placement.to_global(host), n
 
     def _filler(self) -> dict:

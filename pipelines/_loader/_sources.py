@@ -13,7 +13,7 @@ import hashlib
 import itertools
 import json
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 import numpy as np
@@ -42,6 +42,9 @@ class ReadContext:
     # Rows of this host's share to read per epoch (``None``: all); rows beyond it
     # are dropped by the equal-step plan and never read.
     limit_rows: int | None = None
+    # Receives read counters (rows_decoded, rows_decoded_peak, host_copies,
+    # host_copy_bytes) as a dict; may be called from reader threads.
+    on_read: Callable[[dict], None] | None = None
 
 
 class Source(Protocol):
@@ -172,16 +175,19 @@ class RaySource:
         if primed is not None and not ctx.shuffle and (
                 ctx.batch_rows, ctx.ray_prefetch_batches) == self._first_read:
             # A DataIterator's next iteration is its next epoch, whatever the number.
-            return _skip_batches(primed, skip_rows // ctx.batch_rows)
+            return _skip_batches(primed, skip_rows // ctx.batch_rows, ctx.on_read)
         return _ray_tables(self.obj, epoch, skip_rows, ctx)
 
     def locate(self, epoch: int, row: int, ctx: ReadContext) -> str:
         return f"row {row} of this host's epoch {epoch} (the source has no file positions)"
 
 
-def _skip_batches(tables: Iterator[pa.Table], n: int) -> Iterator[pa.Table]:
-    """``tables`` without its first ``n`` (no row positions: read and discard)."""
+def _skip_batches(tables: Iterator[pa.Table], n: int, on_read=None) -> Iterator[pa.Table]:
+    """``tables`` without its first ``n`` (no row positions: read and discard);
+    ``on_read`` hears of every table read (rows Ray produced for this host)."""
     for table in tables:
+        if on_read is not None:
+            on_read({"rows_decoded": table.num_rows})
         if n:
             n -= 1
             continue
@@ -200,7 +206,7 @@ def _ray_tables(obj: Any, epoch: int, skip_rows: int, ctx: ReadContext) -> Itera
         local_shuffle_buffer_size=ctx.shuffle_buffer_rows if shuffle else None,
         local_shuffle_seed=(ctx.seed * 1_000_003 + epoch) % (2**32) if shuffle else None,
     )
-    yield from _skip_batches(iter(it), skip_rows // ctx.batch_rows)
+    yield from _skip_batches(iter(it), skip_rows // ctx.batch_rows, ctx.on_read)
 
 
 # --------------------------------------------------------------------------- committed
@@ -230,47 +236,190 @@ def _open_shard(f: Any, path: str, expect: list[int] | None) -> Any:
     return pf
 
 
-def read_window(batch: dict, *, fs, base_dir: str, columns: list[str]) -> pa.Table:
-    """Reads one window (only the row groups it overlaps); also a Ray Data map_batches fn."""
-    assert len(batch["w"]) == 1
-    spec = json.loads(batch["spec"][0])
-    expect = spec.get("expect") or {}
-    tables, positions, base = [], [], 0
-    for path, lo, hi in spec["pieces"]:
-        with fs.open(f"{base_dir}/{path}", "rb") as f:
-            pf = _open_shard(f, f"{base_dir}/{path}", expect.get(path))
-            md = pf.metadata
-            idx, first, pos = [], None, 0
-            for g in range(md.num_row_groups):
-                n = md.row_group(g).num_rows
-                if pos + n > lo and pos < hi:
-                    idx.append(g)
-                    first = pos if first is None else first
-                pos += n
-            t = pf.read_row_groups(idx, columns=columns)
-        tables.append(t)
-        positions.append(base + (lo - first) + np.arange(hi - lo))
-        base += t.num_rows
-    if not spec["shuffle"]:
-        starts = np.cumsum([0] + [t.num_rows for t in tables[:-1]])
-        table = pa.concat_tables(
-            [t.slice(p[0] - b, len(p)) for t, p, b in zip(tables, positions, starts)]
-        )
-        return table.slice(spec["skip"]) if spec["skip"] else table
+#: Schema metadata key under which a Ray read task reports its counters.
+READ_COUNTERS_KEY = b"slicefeed.read"
+
+
+def _overlapping_groups(pf: Any, lo: int, hi: int) -> tuple[list[int], int, bool]:
+    """Row groups of ``pf`` overlapping rows ``[lo, hi)``, the first one's first
+    row, and whether ``[lo, hi)`` is exactly those row groups."""
+    md = pf.metadata
+    idx, first, pos, end = [], None, 0, 0
+    for g in range(md.num_row_groups):
+        n = md.row_group(g).num_rows
+        if pos + n > lo and pos < hi:
+            idx.append(g)
+            first = pos if first is None else first
+            end = pos + n
+        pos += n
+    first = lo if first is None else first
+    return idx, first, first == lo and end == hi
+
+
+class _Stream:
+    """Rows ``[lo, hi)`` of one shard decoded in order, ``batch_rows`` at a time
+    (``ParquetFile.iter_batches`` over the row groups they overlap): a row group
+    larger than a window is never decoded whole. Rows before ``lo`` in its first
+    row group are decoded and discarded (a host boundary or a resume point
+    inside a row group)."""
+
+    def __init__(self, pf: Any, lo: int, hi: int, columns: list[str], batch_rows: int,
+                 counters: dict):
+        idx, first, _ = _overlapping_groups(pf, lo, hi)
+        self.pos = lo  # next row this stream delivers
+        self._at = first  # file row of the next decoded batch's first row
+        self._hi = hi
+        self._it = pf.iter_batches(batch_size=max(1, batch_rows), row_groups=idx,
+                                   columns=columns)
+        self._carry: tuple[pa.Table, int, int] | None = None
+        self._counters = counters
+
+    def take(self, n: int) -> list[tuple[pa.Table, int, int]]:
+        """The next ``n`` rows as ``(unsliced table, a, z)`` parts (rows ``a:z``)."""
+        out = []
+        while n > 0:
+            if self._carry is None:
+                batch = next(self._it)
+                t = pa.Table.from_batches([batch])
+                self._counters["rows_decoded"] += t.num_rows
+                a = max(self.pos - self._at, 0)
+                self._carry = (t, a, min(t.num_rows, self._hi - self._at))
+                self._at += t.num_rows
+                if a >= self._carry[2]:
+                    self._carry = None  # wholly before lo
+                    continue
+            t, a, z = self._carry
+            k = min(n, z - a)
+            out.append((t, a, a + k))
+            self._carry = (t, a + k, z) if a + k < z else None
+            n -= k
+            self.pos += k
+        return out
+
+
+def _window_table(parts: list[tuple[pa.Table, int, int]], shuffle: bool, rng: list[int],
+                  skip: int, stop: int | None, counters: dict) -> pa.Table:
+    """Rows ``[skip, stop)`` of one window (in delivery order: permuted if
+    shuffling) from its parts (unsliced tables and row ranges)."""
+    held = sum(t.num_rows for t, _, _ in {id(p[0]): p for p in parts}.values())
+    counters["rows_decoded_peak"] = max(counters["rows_decoded_peak"], held)
+    if not shuffle:
+        table = pa.concat_tables([t.slice(a, z - a) for t, a, z in parts])
+        if stop is not None:
+            return table.slice(skip, stop - skip)
+        return table.slice(skip) if skip else table
+    tables, positions, base, seen = [], [], 0, {}
+    for t, a, z in parts:
+        if id(t) not in seen:
+            seen[id(t)] = base
+            tables.append(t)
+            base += t.num_rows
+        positions.append(seen[id(t)] + np.arange(a, z))
     order = np.concatenate(positions)
-    order = order[_plan.window_permutation(spec["rng"], len(order))]
-    order = order[spec["skip"]:]
+    order = order[_plan.window_permutation(rng, len(order))][skip:stop]
     # take() on the unsliced tables: pyarrow 26's take on a *sliced* nested
     # fixed_size_list array returns wrong rows (tests/pipelines/test_loader.py::
     # test_pyarrow_nested_fsl_take_bug documents it); offsets 0 are safe.
-    return pa.concat_tables(tables).take(pa.array(order))
+    out = pa.concat_tables(tables).take(pa.array(order))
+    counters["host_copies"] += out.num_columns  # the permutation copies every column
+    counters["host_copy_bytes"] += out.nbytes
+    return out
 
 
-class _LocalWindows:
-    """Reads a host's windows in this process: :func:`read_window` (the function
-    ``reader="ray"`` maps over the windows, so the same rows in the same order) on
-    a few threads, in order, at most ``read_ahead`` windows ahead. pyarrow decodes
-    without the GIL, so the threads overlap decoding with conversion and transfer.
+def _coalesce(pieces: list) -> list[tuple[str, int, int]]:
+    """``pieces`` with file-contiguous neighbours merged, so consecutive row groups
+    of one file are one ``read_row_groups`` call (one chunk per column, so
+    batches inside it are views)."""
+    out: list[tuple[str, int, int]] = []
+    for path, lo, hi in pieces:
+        if out and out[-1][0] == path and out[-1][2] == lo:
+            out[-1] = (path, out[-1][1], hi)
+        else:
+            out.append((path, lo, hi))
+    return out
+
+
+def _new_counters() -> dict:
+    return {"rows_decoded": 0, "rows_decoded_peak": 0, "host_copies": 0, "host_copy_bytes": 0}
+
+
+def read_run(batch: dict, *, fs, base_dir: str, columns: list[str],
+             report: Any = None) -> Iterator[pa.Table]:
+    """Reads one run of windows (see :func:`_plan.read_runs`), one table per
+    window; also the Ray Data ``map_batches`` function of ``reader="ray"``.
+    A window is ``{"pieces", "rng", "skip", "key"}`` and optionally ``"stop"``:
+    it delivers rows ``[skip, stop)`` of its (permuted, if shuffling) rows.
+
+    Whole row groups are read with ``read_row_groups``; a piece that is part of
+    a row group, and the chunks of a row group larger than a window, are
+    streamed (:class:`_Stream`), so a run decodes each row it reads once.
+    Counters go to ``report`` when given, else into each table's schema
+    metadata under :data:`READ_COUNTERS_KEY` (a Ray task has no other way back).
+    """
+    assert len(batch["w"]) == 1
+    spec = json.loads(batch["spec"][0])
+    expect = spec.get("expect") or {}
+    wins = spec["windows"]
+    opened: dict[str, Any] = {}
+    handles = []
+    stream: _Stream | None = None
+    batch_rows = max(sum(hi - lo for _, lo, hi in w["pieces"]) for w in wins)
+    counters = _new_counters()
+    try:
+        def shard(path: str) -> Any:
+            if path not in opened:
+                f = fs.open(f"{base_dir}/{path}", "rb")
+                handles.append(f)
+                opened[path] = _open_shard(f, f"{base_dir}/{path}", expect.get(path))
+            return opened[path]
+
+        if len(wins) > 1:  # the chunks of one piece: one stream for all of them
+            path = wins[0]["pieces"][0][0]
+            stream = _Stream(shard(path), wins[0]["pieces"][0][1], wins[-1]["pieces"][-1][2],
+                             columns, batch_rows, counters)
+        for w in wins:
+            if stream is None:
+                counters = _new_counters()
+            parts = []
+            for path, lo, hi in _coalesce(w["pieces"]):
+                if stream is not None:
+                    parts += stream.take(hi - lo)
+                    continue
+                pf = shard(path)
+                idx, _, exact = _overlapping_groups(pf, lo, hi)
+                if exact:
+                    t = pf.read_row_groups(idx, columns=columns)
+                    counters["rows_decoded"] += t.num_rows
+                    parts.append((t, 0, t.num_rows))
+                else:
+                    parts += _Stream(pf, lo, hi, columns, hi - lo, counters).take(hi - lo)
+            table = _window_table(parts, spec["shuffle"], w["rng"], w["skip"], w.get("stop"),
+                                  counters)
+            del parts
+            if report is not None:
+                report(counters)
+            else:
+                md = dict(table.schema.metadata or {})
+                md[READ_COUNTERS_KEY] = json.dumps({"key": w["key"], **counters}).encode()
+                table = table.replace_schema_metadata(md)
+            if stream is not None:
+                counters = _new_counters()  # the next chunk's own counts
+                stream._counters = counters
+            yield table
+    finally:
+        for f in handles:
+            f.close()
+
+
+class _LocalRuns:
+    """Reads a host's runs in this process with :func:`read_run` (the function
+    ``reader="ray"`` maps over the runs, so the same rows in the same order),
+    each on a thread that hands its windows over through a one-table queue;
+    tables come out in order. At most ``read_ahead`` runs are pending at once,
+    and a run stops pending as soon as its last window is handed over (as a
+    window read ahead used to). pyarrow decodes without the GIL, so the
+    threads overlap decoding with conversion and transfer. Memory: about
+    ``2 * read_ahead + 1`` windows of decoded rows at most.
     """
 
     def __init__(self, items: list[dict], fn_kwargs: dict, read_ahead: int, stop):
@@ -279,28 +428,96 @@ class _LocalWindows:
         self.stop = stop
         self.read_ahead = max(1, int(read_ahead))
 
-    def _read(self, item: dict) -> pa.Table:
-        return read_window({"w": [item["w"]], "spec": [item["spec"]]}, **self.fn_kwargs)
+    def _run(self, item: dict, q, closed) -> None:
+        import queue
+
+        def put(x) -> bool:
+            while not (closed.is_set() or self.stop.is_set()):
+                try:
+                    q.put(x, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        try:
+            n = 0
+            for table in read_run({"w": [item["w"]], "spec": [item["spec"]]}, **self.fn_kwargs):
+                n += 1
+                if not put(table):
+                    return
+            if n != item["n"]:  # pragma: no cover - read_run yields one table per window
+                put(RuntimeError(f"read run {item['w']}: {n} windows read, {item['n']} planned"))
+        except Exception as e:  # noqa: BLE001 - re-raised in the consumer, in order
+            put(e)
 
     def __iter__(self) -> Iterator[pa.Table]:
+        import queue
         from concurrent.futures import ThreadPoolExecutor
 
+        closed = threading.Event()
         pool = ThreadPoolExecutor(self.read_ahead, thread_name_prefix="slicefeed-read")
         try:
-            pending = [pool.submit(self._read, it) for it in self.items[: self.read_ahead]]
-            nxt = len(pending)
+            pending: list[list] = []  # [queue, windows still to hand over]
+            nxt = 0
+
+            def submit() -> None:
+                nonlocal nxt
+                q: queue.Queue = queue.Queue(maxsize=1)
+                pool.submit(self._run, self.items[nxt], q, closed)
+                pending.append([q, self.items[nxt]["n"]])
+                nxt += 1
+
+            while nxt < min(self.read_ahead, len(self.items)):
+                submit()
             while pending:
-                table = pending.pop(0).result()
-                if nxt < len(self.items) and not self.stop.is_set():
-                    pending.append(pool.submit(self._read, self.items[nxt]))
-                    nxt += 1
-                yield table
+                head = pending[0]
+                x = None
+                while x is None:
+                    try:
+                        x = head[0].get(timeout=0.1)
+                    except queue.Empty:
+                        if self.stop.is_set():
+                            return
+                if isinstance(x, BaseException):
+                    raise x
+                head[1] -= 1
+                if head[1] == 0:
+                    pending.pop(0)
+                    if nxt < len(self.items) and not self.stop.is_set():
+                        submit()
+                yield x
         finally:
+            closed.set()
             pool.shutdown(wait=False, cancel_futures=True)
 
 
+def _ray_read_tables(ds: Any, ctx: ReadContext) -> Iterator[pa.Table]:
+    """Blocks of a ``reader="ray"`` read, as produced (one per window), with the
+    read tasks' counters taken from their metadata; each block was put once in
+    Ray's object store, a copy of every column."""
+    seen: set[str] = set()
+    for t in ds.iter_batches(batch_size=None, batch_format="pyarrow",
+                             prefetch_batches=ctx.ray_prefetch_batches):
+        md = dict(t.schema.metadata or {})
+        raw = md.pop(READ_COUNTERS_KEY, None)
+        t = t.replace_schema_metadata(md or None)
+        if ctx.on_read is not None:
+            counts = {"host_copies": t.num_columns, "host_copy_bytes": t.nbytes}
+            if raw is not None:
+                c = json.loads(raw)
+                key = c.pop("key")
+                if key not in seen:  # a block Ray split carries them twice
+                    seen.add(key)
+                    for k, v in c.items():
+                        counts[k] = counts.get(k, 0) + v
+            ctx.on_read(counts)
+        yield t
+
+
 class ManifestSource:
-    """A committed dataset (its manifest): shares and windows planned from file sizes."""
+    """A committed dataset (its manifest): shares and windows planned from the
+    manifest's row counts and row groups, no file opened before reading."""
 
     kind = "manifest"
 
@@ -313,6 +530,8 @@ class ManifestSource:
         #: The version this loader reads for its whole life (an overwrite keeps its files).
         self.version = self.manifest.version
         self.files = [(f.path, int(f.num_rows)) for f in self.manifest.files]
+        self.units = _plan.read_units(
+            [(f.path, int(f.num_rows), tuple(f.row_groups)) for f in self.manifest.files])
         self.expect = {f.path: [int(f.num_rows), int(f.num_bytes)] for f in self.manifest.files}
         self.num_rows = sum(n for _, n in self.files)
         nbytes = sum(int(f.num_bytes) for f in self.manifest.files)
@@ -333,31 +552,33 @@ class ManifestSource:
         return None  # known through share_sizes
 
     def share(self, epoch: int, ctx: ReadContext) -> list[_plan.Piece]:
-        order = _plan.epoch_file_order(len(self.files), ctx.seed, epoch, ctx.shuffle)
+        order = _plan.epoch_unit_order(len(self.units), ctx.seed, epoch, ctx.shuffle)
         start, stop = _plan.host_shares(self.num_rows, ctx.process_count)[ctx.process_index]
         if ctx.limit_rows is not None:
             stop = min(stop, start + ctx.limit_rows)
-        return _plan.pieces(self.files, order, start, stop)
+        return _plan.pieces(self.units, order, start, stop)
 
     def tables(self, epoch: int, skip_rows: int, ctx: ReadContext) -> Iterator[pa.Table]:
-        windows = _plan.windows(self.share(epoch, ctx), ctx.window_rows)
-        first = skip_rows // ctx.window_rows
-        skip = skip_rows - first * ctx.window_rows
+        share = self.share(epoch, ctx)
+        windows = _plan.windows(share, ctx.window_rows)
+        first, skip = _plan.find_window(windows, skip_rows)
         items = []
-        for k in range(first, len(windows)):
-            spec = {
-                "pieces": windows[k],
-                "shuffle": ctx.shuffle,
-                "rng": _plan.window_rng(ctx.seed, epoch, ctx.process_index, k),
-                "skip": 0,
-            }
-            if k == first and skip:
-                if ctx.shuffle:
-                    spec["skip"] = skip  # read the window, permute, then drop the prefix
-                else:  # no permutation: start reading at the resume row
-                    spec["pieces"] = _plan.skip_pieces(windows[k], skip)
-            spec["expect"] = {p: self.expect[p] for p, _, _ in spec["pieces"]}
-            items.append({"w": k, "spec": json.dumps(spec)})
+        for k0, k1 in _plan.read_runs(share, ctx.window_rows):
+            if k1 <= first:
+                continue
+            wins = []
+            for k in range(max(k0, first), k1):
+                w = {"pieces": windows[k], "key": f"{epoch}/{k}", "skip": 0,
+                     "rng": _plan.window_rng(ctx.seed, epoch, ctx.process_index, k)}
+                if k == first and skip:
+                    if ctx.shuffle:
+                        w["skip"] = skip  # read the window, permute, then drop the prefix
+                    else:  # no permutation: start reading at the resume row
+                        w["pieces"] = _plan.skip_pieces(windows[k], skip)
+                wins.append(w)
+            spec = {"windows": wins, "shuffle": ctx.shuffle,
+                    "expect": {p: self.expect[p] for w in wins for p, _, _ in w["pieces"]}}
+            items.append({"w": k0, "n": len(wins), "spec": json.dumps(spec)})
         if not items:
             return iter(())
         fn_kwargs = {
@@ -367,20 +588,22 @@ class ManifestSource:
         }
         if ctx.reader == "local":
             return _batches_of(
-                iter(_LocalWindows(items, fn_kwargs, ctx.read_ahead, ctx.stop)), ctx.batch_rows
-            )
+                iter(_LocalRuns(items, {**fn_kwargs, "report": ctx.on_read}, ctx.read_ahead,
+                                ctx.stop)), ctx.batch_rows)
         import ray.data
 
         ds = ray.data.from_items(items, override_num_blocks=len(items))
         ds = _compat.dataset_preserving_order(ds)
-        ds = ds.map_batches(read_window, batch_size=1, batch_format="numpy", fn_kwargs=fn_kwargs)
+        ds = ds.map_batches(read_run, batch_size=1, batch_format="numpy", fn_kwargs=fn_kwargs)
         ds = _compat.dataset_preserving_order(ds)
-        return _ray_tables(ds, epoch, 0, dataclasses.replace(ctx, shuffle=False))
+        return _batches_of(_ray_read_tables(ds, ctx), ctx.batch_rows)
 
     def locate(self, epoch: int, row: int, ctx: ReadContext) -> str:
-        k = row // ctx.window_rows
-        rng = _plan.window_rng(ctx.seed, epoch, ctx.process_index, k) if ctx.shuffle else None
-        path, file_row, _ = _plan.locate(self.share(epoch, ctx), ctx.window_rows, row, rng)
+        def rng_of(k: int) -> list[int]:
+            return _plan.window_rng(ctx.seed, epoch, ctx.process_index, k)
+
+        path, file_row, _ = _plan.locate(self.share(epoch, ctx), ctx.window_rows, row,
+                                         rng_of if ctx.shuffle else None)
         return f"file {path!r} row {file_row}"
 
 

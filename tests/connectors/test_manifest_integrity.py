@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -21,6 +19,9 @@ from slicefeed.connectors import (
     resolve_filesystem,
     write_parquet,
 )
+from tests._harness import run_slicefeed
+
+_slicefeed = run_slicefeed
 
 
 def _commit(uri: str, n: int = 12, parts: int = 3):
@@ -142,11 +143,6 @@ def test_loader_checks_shard_size_and_rows(ray_cluster, jax_cpu, local_dir):
                       dtypes={"i": "int32"}) as loader:
         for _ in loader:
             pass
-
-
-def _slicefeed(*args: str) -> subprocess.CompletedProcess:
-    exe = os.path.join(os.path.dirname(sys.executable), "slicefeed")
-    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=120, check=False)
 
 
 def test_inspect_verify_names_the_first_bad_shard(ray_cluster, local_dir):

@@ -4,30 +4,20 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import yaml
 
 from slicefeed.connectors import is_committed
+from tests._harness import run_slicefeed
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _env() -> dict:
-    env = dict(os.environ)
-    # A fresh CLI process starts its own local Ray; keep it small.
-    env.pop("RAY_ADDRESS", None)
-    env["RAY_DATA_DISABLE_PROGRESS_BARS"] = "1"
-    return env
-
-
-def slicefeed(*args: str, timeout: int = 240, env: dict | None = None) -> subprocess.CompletedProcess:
-    exe = os.path.join(os.path.dirname(sys.executable), "slicefeed")
-    return subprocess.run(
-        [exe, *args], capture_output=True, text=True, timeout=timeout, env={**_env(), **(env or {})}
-    )
+# Commands that need Ray join the session's cluster; the demo starts its own, as
+# on a fresh machine.
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+slicefeed = run_slicefeed
 
 
 @pytest.fixture
@@ -53,7 +43,7 @@ def spec_file(local_dir):
 def test_demo_runs_twice_and_feeds_jax(tmp_path):
     out_dir = str(tmp_path / "demo dir")
     # One CPU device (the test session itself simulates 8).
-    r = slicefeed("demo", "--dir", out_dir, "--rows", "2000", env={"XLA_FLAGS": ""})
+    r = slicefeed("demo", "--dir", out_dir, "--rows", "2000", env={"XLA_FLAGS": ""}, own_ray=True)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "demo: wrote 2000 JSONL documents in 4 files" in r.stdout
     assert "text-lm: read 2000 rows, wrote" in r.stdout and "rows/s" in r.stdout
@@ -72,13 +62,13 @@ def test_demo_runs_twice_and_feeds_jax(tmp_path):
     # Twice: the regenerated corpus is the same, its dataset is reused, the loader runs again;
     # with 8 simulated devices the batch is sharded 8 ways.
     r = slicefeed("demo", "--dir", out_dir, "--rows", "2000",
-                  env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+                  env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}, own_ray=True)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "already committed" in r.stdout, r.stdout
     assert "JaxLoader on 8 JAX device(s) (cpu)" in r.stdout
     assert "NamedSharding(mesh {'data': 8}, spec P('data',))" in r.stdout
     # Another corpus size: the demo replaces its own dataset rather than refusing.
-    r = slicefeed("demo", "--dir", out_dir, "--rows", "1000", "-q")
+    r = slicefeed("demo", "--dir", out_dir, "--rows", "1000", "-q", own_ray=True)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "text-lm: read 1000 rows" in r.stdout and "demo: wrote" not in r.stdout
 

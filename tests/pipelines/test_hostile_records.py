@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -17,9 +15,12 @@ import pytest
 
 from slicefeed.connectors import SpecError, is_committed, read_dataset, resolve_filesystem
 from slicefeed.pipelines import Pipeline
-from tests._harness import put_bytes
+from tests._harness import put_bytes, run_slicefeed
 
 pytestmark = pytest.mark.timeout(300)
+
+
+_slicefeed = run_slicefeed
 
 
 def _spec(base: str, fmt: str, **kw) -> dict:
@@ -82,13 +83,6 @@ def test_unreadable_parquet_file_exceeds_any_budget(ray_cluster, local_dir):
 
 
 # -- reserved column names -------------------------------------------------------
-
-
-def _slicefeed(*args: str) -> subprocess.CompletedProcess:
-    exe = os.path.join(os.path.dirname(sys.executable), "slicefeed")
-    env = dict(os.environ)
-    env.pop("RAY_ADDRESS", None)
-    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=120, env=env)
 
 
 @pytest.mark.parametrize("fmt, column", [("jsonl", "_sf_error"), ("jsonl", "_sf_row"),

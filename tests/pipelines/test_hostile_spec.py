@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 
 import pytest
@@ -20,17 +18,14 @@ import yaml
 
 from slicefeed.connectors import SpecError
 from slicefeed.pipelines import load_pipeline
+from tests._harness import run_slicefeed
 
 PRIVATE = "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC-MARKER-5521\n-----END PRIVATE KEY-----\n"
 KEY_JSON = json.dumps({"type": "service_account", "project_id": "p", "private_key": PRIVATE,
                        "client_email": "sa@p.iam.gserviceaccount.com"})
 
 
-def slicefeed(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
-    exe = os.path.join(os.path.dirname(sys.executable), "slicefeed")
-    env = dict(os.environ)
-    env.pop("RAY_ADDRESS", None)
-    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout, env=env)
+slicefeed = run_slicefeed
 
 
 @pytest.fixture
@@ -182,6 +177,7 @@ def test_inline_credentials_are_never_echoed(raw, local_dir, how):
     ({"source.options": {"columns": "id"}}, r"source\.options\.columns must be a list"),
     ({"sink.options": {"compression": "rot13"}}, r"sink\.options\.compression is 'rot13'; allowed values: .*zstd"),
     ({"sink.options": {"row_group_size": -5}}, r"sink\.options\.row_group_size must be >= 1"),
+    ({"sink.options": {"row_group_bytes": 0}}, r"sink\.options\.row_group_bytes must be >= 1"),
     ({"sink.options": {"min_rows_per_file": "many"}}, r"sink\.options\.min_rows_per_file must be an integer"),
     ({"seed": -1}, r"seed must be >= 0"),
     ({"seed": 2**70}, r"seed must be <= "),

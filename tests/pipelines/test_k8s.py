@@ -13,8 +13,6 @@ import argparse
 import copy
 import json
 import os
-import subprocess
-import sys
 
 import jsonschema
 import pytest
@@ -22,6 +20,7 @@ import yaml
 
 from slicefeed.connectors import SpecError
 from slicefeed.pipelines._ops.k8s import add_parser, build_manifests, render
+from tests._harness import run_slicefeed
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 
@@ -32,6 +31,9 @@ transforms:
   - {select: {columns: [text]}}
 sink: {format: parquet, uri: "gs://out-bucket/tokenized"}
 """
+
+
+_slicefeed = run_slicefeed
 
 
 def _strict(schema):
@@ -269,11 +271,6 @@ def test_credentials_never_reach_the_manifests(tmp_path, capsys):
     assert {"name": "gcp-key", "secret": {"secretName": "gcp-sa-key"}} in head["volumes"]
     assert {"name": "GOOGLE_APPLICATION_CREDENTIALS",
             "value": "/var/secrets/google/key.json"} in head["containers"][0]["env"]
-
-
-def _slicefeed(*args: str) -> subprocess.CompletedProcess:
-    exe = os.path.join(os.path.dirname(sys.executable), "slicefeed")
-    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.parametrize("mistake, named", [

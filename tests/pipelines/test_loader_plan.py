@@ -36,9 +36,16 @@ def test_steps_every_host_can_take(sizes, lb):
         assert read == drop * lb  # only rows of full agreed steps are read
 
 
-@settings(max_examples=200)
+# Files as (path, num_rows, row-group sizes); () stands for row groups not recorded.
+rg_files_st = st.lists(
+    st.one_of(st.lists(st.integers(0, 15), min_size=0, max_size=4).map(tuple)),
+    min_size=1, max_size=6,
+).map(lambda gs: [(f"f{i}", sum(g), g) for i, g in enumerate(gs)])
+
+
+@settings(max_examples=200, deadline=None)
 @given(
-    files=files_st,
+    files=rg_files_st,
     hosts=st.integers(1, 4),
     window=st.integers(1, 30),
     seed=st.integers(0, 3),
@@ -46,22 +53,38 @@ def test_steps_every_host_can_take(sizes, lb):
     shuffle=st.booleans(),
 )
 def test_windows_and_locate_cover_each_row_once(files, hosts, window, seed, epoch, shuffle):
-    total = sum(n for _, n in files)
-    order = _plan.epoch_file_order(len(files), seed, epoch, shuffle)
-    assert sorted(order.tolist()) == list(range(len(files)))
+    total = sum(n for _, n, _ in files)
+    units = _plan.read_units(files)
+    assert sum(hi - lo for _, lo, hi in units) == total
+    order = _plan.epoch_unit_order(len(units), seed, epoch, shuffle)
+    assert sorted(order.tolist()) == list(range(len(units)))
     seen = []
     for h, (start, stop) in enumerate(_plan.host_shares(total, hosts)):
-        share = _plan.pieces(files, order, start, stop)
+        share = _plan.pieces(units, order, start, stop)
         assert sum(hi - lo for _, lo, hi in share) == stop - start
+        # every piece lies inside one unit
+        assert all(any(p == q and a <= lo and hi <= b for q, a, b in units) for p, lo, hi in share)
         ws = _plan.windows(share, window)
-        assert all(sum(hi - lo for _, lo, hi in w) == window for w in ws[:-1])
+        assert all(0 < sum(hi - lo for _, lo, hi in w) <= window for w in ws)
         flat = [(p, r) for p, lo, hi in share for r in range(lo, hi)]
         assert [(p, r) for w in ws for p, lo, hi in w for r in range(lo, hi)] == flat
+        # a window holds whole pieces, or one chunk of a piece larger than a window
+        whole = set(share)
+        for w in ws:
+            assert all(piece in whole for piece in w) or (
+                len(w) == 1 and any(p == w[0][0] and lo <= w[0][1] and w[0][2] <= hi
+                                    and hi - lo > window for p, lo, hi in share))
+        runs = _plan.read_runs(share, window)
+        assert [k for a, b in runs for k in range(a, b)] == list(range(len(ws)))
+        for a, b in runs:  # a run of several windows continues one piece
+            assert all(ws[k][-1][2] == ws[k + 1][0][1] and ws[k][0][0] == ws[k + 1][0][0]
+                       for k in range(a, b - 1))
         located = []
         for row in range(stop - start):
-            k = row // window
-            rng = _plan.window_rng(seed, epoch, h, k) if shuffle else None
-            p, r, _ = _plan.locate(share, window, row, rng)
+            k, pos = _plan.find_window(ws, row)
+            assert 0 <= pos < sum(hi - lo for _, lo, hi in ws[k])
+            rng_of = (lambda k, h=h: _plan.window_rng(seed, epoch, h, k)) if shuffle else None
+            p, r, _ = _plan.locate(share, window, row, rng_of)
             located.append((p, r))
         if not shuffle:
             assert located == flat

@@ -13,8 +13,6 @@ import io
 import json
 import os
 import struct
-import subprocess
-import sys
 import threading
 import zlib
 
@@ -34,7 +32,9 @@ from slicefeed.transforms import (
     read_images,
     split_errors,
 )
-from tests._harness import put_bytes
+from tests._harness import put_bytes, run_slicefeed
+
+_slicefeed = run_slicefeed
 
 
 def _png(a: np.ndarray) -> bytes:
@@ -223,19 +223,6 @@ def test_a_batch_holds_at_most_max_batch_bytes_of_decoded_images():
     # One image larger than the whole bound is refused even alone.
     ok, bad = split_errors(DecodeImage(max_batch_bytes=5_000, height=8, width=8)(tbl))
     assert bad.num_rows == 5
-
-
-def _env() -> dict:
-    env = dict(os.environ)
-    env.pop("RAY_ADDRESS", None)
-    env["RAY_DATA_DISABLE_PROGRESS_BARS"] = "1"
-    return env
-
-
-def _slicefeed(*args: str) -> subprocess.CompletedProcess:
-    exe = os.path.join(os.path.dirname(sys.executable), "slicefeed")
-    return subprocess.run([exe, *args], check=False, capture_output=True, text=True,
-                          timeout=300, env=_env())
 
 
 @pytest.mark.slow
