@@ -9,6 +9,8 @@ Cases (same pipeline, same split, same consumer):
 
 - ``slicefeed``: ``JaxLoader(it, global_batch_size=B)`` in each host.
 - ``ray``: Ray's plain ``it.iter_jax_batches(batch_size=B // hosts, ...)``.
+- ``slicefeed_prev``: ``slicefeed`` with the loader's previous DataIterator
+  schema lookup and per-step agreement patched back in (a before/after in one run).
 
 Modes: ``producer`` (the live pipeline: the Ray producer is the bottleneck) and
 ``consumer`` (the same pipeline's output ``materialize()``-d first, then split).
@@ -44,7 +46,8 @@ ROW_BYTES = SEQ_LEN * 4 * len(COLUMNS)
 # decreasing packs every file's documents into full rows: the row count and the
 # token checksum are known from the generated text alone.
 DOC_TOKENS = (256, 512, 1024, 2048)
-CASES = ("slicefeed", "ray")
+CASES = ("slicefeed", "ray", "slicefeed_prev")
+PAIRS = ("slicefeed/ray", "slicefeed/slicefeed_prev", "slicefeed_prev/ray")
 MODES = ("producer", "consumer")
 
 
@@ -111,6 +114,47 @@ def _dense(col):
     return col.to_numpy(zero_copy_only=True)
 
 
+def _patch_previous_loader() -> None:
+    """The ``slicefeed_prev`` case: JaxLoader as before this benchmark's two changes,
+    for a before/after in one run: the DataIterator's schema from Ray's
+    ``DataIterator.schema()`` (executes the pipeline up to its first block), and the
+    per-step agreement polling the key-value store with backoff sleeps (1 -> 50 ms)."""
+    from slicefeed.connectors import _compat
+    from slicefeed.pipelines._loader import _agree, _jaxloader
+
+    make_source = _jaxloader.make_source
+
+    def make_source_prev(*a, **kw):
+        kw.pop("first_read", None)
+        return make_source(*a, **kw)
+
+    def exchange_prev(self, tag, value, stop=None):
+        if self.process_count == 1:
+            return [value]
+        client = self._client()
+        prefix = f"{self._ns}/{tag}"
+        client.key_value_set(f"{prefix}/{self.process_index}", value)
+        out = []
+        deadline = time.monotonic() + self.timeout_s
+        for h in range(self.process_count):
+            sleep = 0.001
+            while True:
+                got = _compat.kv_try_get(client, f"{prefix}/{h}")
+                if got is not None:
+                    out.append(got)
+                    break
+                if stop is not None and stop.is_set():
+                    raise _agree.Stopped(tag)
+                if time.monotonic() > deadline:
+                    raise TimeoutError(tag)
+                time.sleep(sleep)
+                sleep = min(sleep * 2, 0.05)
+        return out
+
+    _jaxloader.make_source = make_source_prev
+    _agree.Agreement.exchange = exchange_prev
+
+
 def host_run(cfg: dict, it) -> dict:
     """One trainer process: joins the JAX job, consumes its DataIterator, reports."""
     import resource
@@ -144,8 +188,11 @@ def host_run(cfg: dict, it) -> dict:
     tok_sum = tok_count = 0
     errors: list[str] = []
     cpu0, t0 = cpu(), time.perf_counter()
-    if cfg["case"] == "slicefeed":
+    if cfg["case"] in ("slicefeed", "slicefeed_prev"):
         from slicefeed.pipelines import JaxLoader
+
+        if cfg["case"] == "slicefeed_prev":
+            _patch_previous_loader()
 
         loader = JaxLoader(it, global_batch_size=B)
         res["construct_s"] = time.perf_counter() - t0
@@ -322,10 +369,12 @@ def _plot(doc: dict, png: str) -> None:
                                          ("cpu_us_per_row", "trainer CPU µs/row"),
                                          ("ttfb_s", "time to first batch (s)")]):
         xs = range(len(MODES))
-        for k, case in enumerate(CASES):
+        cases = list(doc["medians"].get(MODES[0], doc["medians"].get(MODES[1], {})))
+        wd = 0.8 / max(len(cases), 1)
+        for k, case in enumerate(cases):
             vals = [doc["medians"].get(m, {}).get(case, {}).get(metric) or 0 for m in MODES]
-            ax.bar([x + 0.4 * k for x in xs], vals, width=0.4, label=case)
-        ax.set_xticks([x + 0.2 for x in xs], [f"{m}-bound" for m in MODES])
+            ax.bar([x + wd * k for x in xs], vals, width=wd, label=case)
+        ax.set_xticks([x + 0.4 - wd / 2 for x in xs], [f"{m}-bound" for m in MODES])
         ax.set_title(label)
     axes[0].legend()
     fig.suptitle(f"streaming path: {doc['config']['hosts']} hosts x "
@@ -345,6 +394,7 @@ def main(argv=None) -> int:
     ap.add_argument("--files", type=int, default=8)
     ap.add_argument("--repeat", type=int, help="default 3, quick 1")
     ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--ray-cpus", type=int, help="Ray CPUs for the pipeline (default nproc)")
     ap.add_argument("--object-store-mb", type=int, default=256)
     ap.add_argument("--timeout", type=float, default=900)
@@ -356,6 +406,9 @@ def main(argv=None) -> int:
     B = args.batch_size or (128 if args.quick else 256)
     repeat = args.repeat or (1 if args.quick else 3)
     modes = [m for m in args.modes.split(",") if m]
+    cases = tuple(c for c in args.cases.split(",") if c)
+    if set(cases) - set(CASES):
+        raise SystemExit(f"--cases: unknown {sorted(set(cases) - set(CASES))}; known {CASES}")
     if rows % B:
         raise SystemExit(f"--rows ({rows}) must be a multiple of the global batch ({B}).")
     if B % (args.hosts * args.devices_per_host):
@@ -408,7 +461,7 @@ def main(argv=None) -> int:
     t = time.perf_counter()
     out = run_case("ray", pipeline_dataset(meta), cfg, meta, Host)
     print(f"warm-up case ({out['status'][:200]}) {time.perf_counter() - t:.1f} s", flush=True)
-    runs: dict = {m: {c: [] for c in CASES} for m in modes}
+    runs: dict = {m: {c: [] for c in cases} for m in modes}
     mat_s = []
     for r in range(repeat):
         for mode in modes:
@@ -416,7 +469,7 @@ def main(argv=None) -> int:
                 t = time.perf_counter()
                 ds = pipeline_dataset(meta).materialize()
                 mat_s.append(time.perf_counter() - t)
-            for case in CASES if r % 2 == 0 else CASES[::-1]:
+            for case in cases if r % 2 == 0 else cases[::-1]:
                 if mode == "producer":
                     ds = pipeline_dataset(meta)  # a fresh execution per case
                 prof = (os.path.splitext(args.json)[0] + f"-profile-{mode}-{case}-r{r}"
@@ -439,34 +492,39 @@ def main(argv=None) -> int:
     ratios: dict = {}
     for mode in modes:
         medians[mode] = {}
-        for case in CASES:
+        for case in cases:
             ok = [o for o in runs[mode][case] if o["status"] == "ok"]
             medians[mode][case] = {k: med([o.get(k) for o in ok]) for k in
                                    ("rows_per_s", "cpu_us_per_row", "cpu_us_per_row_total",
                                     "ttfb_s", "stall_spread", "rate_spread")}
             medians[mode][case]["runs_ok"] = f"{len(ok)}/{len(runs[mode][case])}"
-        # ratios per repeat (slicefeed / ray in the same repeat), then the median
+        # ratios per repeat (a / b in the same repeat), then the median
         ratios[mode] = {}
-        for metric in ("rows_per_s", "cpu_us_per_row", "cpu_us_per_row_total", "ttfb_s"):
-            per = []
-            for a, b in zip(runs[mode]["slicefeed"], runs[mode]["ray"]):
-                if a.get(metric) and b.get(metric):
-                    per.append(a[metric] / b[metric])
-            ratios[mode][metric] = {"median": med(per), "runs": per}
+        for pair in PAIRS:
+            a_case, b_case = pair.split("/")
+            if a_case not in cases or b_case not in cases:
+                continue
+            ratios[mode][pair] = {}
+            for metric in ("rows_per_s", "cpu_us_per_row", "cpu_us_per_row_total", "ttfb_s"):
+                per = []
+                for a, b in zip(runs[mode][a_case], runs[mode][b_case]):
+                    if a.get(metric) and b.get(metric):
+                        per.append(a[metric] / b[metric])
+                ratios[mode][pair][metric] = {"median": med(per), "runs": per}
     targets = []
     for mode, metric, cmp, target, what in TARGETS:
-        if mode not in ratios:
+        if "slicefeed/ray" not in ratios.get(mode, {}):
             continue
-        v = ratios[mode][metric]["median"]
+        v = ratios[mode]["slicefeed/ray"][metric]["median"]
         met = None if v is None or target is None else (v >= target if cmp == ">=" else v <= target)
         targets.append({"mode": mode, "metric": metric, "ratio": v, "target": target,
                         "cmp": cmp, "met": met, "what": what})
-    for mode in modes:
+    for mode in modes if "slicefeed" in cases else ():
         s = medians[mode]["slicefeed"]["stall_spread"]
         targets.append({"mode": mode, "metric": "stall_spread (slicefeed)", "ratio": s,
                         "target": 0.15, "cmp": "<=", "met": None if s is None else s <= 0.15,
                         "what": "per-host input-stall spread (max-min)/mean <= 15%"})
-    failed = [f"{m}/{c}: {o['status']}" for m in modes for c in CASES for o in runs[m][c]
+    failed = [f"{m}/{c}: {o['status']}" for m in modes for c in cases for o in runs[m][c]
               if o["status"] != "ok"]
     machine["loadavg_end"] = os.getloadavg()
     doc = {"status": "ok" if not failed else "FAILED", "failures": failed,
@@ -482,7 +540,7 @@ def main(argv=None) -> int:
           f"{'TTFB s':>8}"
           f"{'stall spr':>10}{'rate spr':>10}  ok")
     for mode in modes:
-        for case in CASES:
+        for case in cases:
             m = medians[mode][case]
 
             def f(x, fmt):
@@ -497,6 +555,12 @@ def main(argv=None) -> int:
         v = "-" if t["ratio"] is None else f"{t['ratio']:.2f}"
         goal = "-" if t["target"] is None else f"{t['cmp']}{t['target']}"
         print(f"{t['mode'] + ': ' + t['what']:<58}{v:>8}{goal:>8}  {t['met']}")
+    print(f"\n{'ratio (median of per-repeat ratios)':<40}{'rows/s':>8}{'CPU/row':>9}{'TTFB':>7}")
+    for mode in modes:
+        for pair, r in ratios[mode].items():
+            vals = [r[k]["median"] for k in ("rows_per_s", "cpu_us_per_row", "ttfb_s")]
+            print(f"{mode + ': ' + pair:<40}" + "".join(
+                f"{'-' if v is None else format(v, '.2f'):>{w}}" for v, w in zip(vals, (8, 9, 7))))
     for x in failed:
         print(x[:500])
     with open(args.json, "w") as f:
