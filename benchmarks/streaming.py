@@ -11,6 +11,8 @@ Cases (same pipeline, same split, same consumer):
 - ``ray``: Ray's plain ``it.iter_jax_batches(batch_size=B // hosts, ...)``.
 - ``slicefeed_prev``: ``slicefeed`` with the loader's previous DataIterator
   schema lookup and per-step agreement patched back in (a before/after in one run).
+- ``slicefeed_prefetch0`` (only with ``--cases``): ``JaxLoader(..., prefetch=0)``,
+  producing each batch in the consumer's thread as Ray does.
 
 Modes: ``producer`` (the live pipeline: the Ray producer is the bottleneck) and
 ``consumer`` (the same pipeline's output ``materialize()``-d first, then split).
@@ -46,8 +48,10 @@ ROW_BYTES = SEQ_LEN * 4 * len(COLUMNS)
 # decreasing packs every file's documents into full rows: the row count and the
 # token checksum are known from the generated text alone.
 DOC_TOKENS = (256, 512, 1024, 2048)
-CASES = ("slicefeed", "ray", "slicefeed_prev")
-PAIRS = ("slicefeed/ray", "slicefeed/slicefeed_prev", "slicefeed_prev/ray")
+CASES = ("slicefeed", "ray", "slicefeed_prev", "slicefeed_prefetch0")
+DEFAULT_CASES = CASES[:3]
+PAIRS = ("slicefeed/ray", "slicefeed/slicefeed_prev", "slicefeed_prev/ray",
+         "slicefeed_prefetch0/ray", "slicefeed_prefetch0/slicefeed")
 MODES = ("producer", "consumer")
 
 
@@ -188,13 +192,14 @@ def host_run(cfg: dict, it) -> dict:
     tok_sum = tok_count = 0
     errors: list[str] = []
     cpu0, t0 = cpu(), time.perf_counter()
-    if cfg["case"] in ("slicefeed", "slicefeed_prev"):
+    if cfg["case"] in ("slicefeed", "slicefeed_prev", "slicefeed_prefetch0"):
         from slicefeed.pipelines import JaxLoader
 
         if cfg["case"] == "slicefeed_prev":
             _patch_previous_loader()
 
-        loader = JaxLoader(it, global_batch_size=B)
+        loader = JaxLoader(it, global_batch_size=B,
+                           prefetch=0 if cfg["case"] == "slicefeed_prefetch0" else 2)
         res["construct_s"] = time.perf_counter() - t0
         batches = iter(loader)
     else:
@@ -394,7 +399,8 @@ def main(argv=None) -> int:
     ap.add_argument("--files", type=int, default=8)
     ap.add_argument("--repeat", type=int, help="default 3, quick 1")
     ap.add_argument("--modes", default=",".join(MODES))
-    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--cases", default=",".join(DEFAULT_CASES),
+                    help=f"of {','.join(CASES)}")
     ap.add_argument("--ray-cpus", type=int, help="Ray CPUs for the pipeline (default nproc)")
     ap.add_argument("--object-store-mb", type=int, default=256)
     ap.add_argument("--timeout", type=float, default=900)
