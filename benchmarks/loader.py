@@ -15,6 +15,10 @@ Cases (same Parquet files, same global batch size, same 8-device CPU mesh):
 - ``slicefeed``: ``JaxLoader(<committed dataset URI>)`` (its default ``reader="local"``).
 - ``slicefeed_ray``: the same with ``reader="ray"`` (one Ray Data task per window;
   not in ``--quick``).
+- ``ray_iter_jax_batches_default_store``, ``slicefeed_ray_default_store``: the
+  two Ray-read cases again at Ray's default object-store size (30 % of RAM);
+  the cases above run with a 256 MB store, smaller than the dataset (only the
+  first is in ``--quick``).
 
 Every case runs in its own subprocess (isolated RSS, Ray state and JAX runtime)
 and is validated: a case that delivers the wrong number of rows or the wrong
@@ -56,8 +60,12 @@ from _benchlib import (
     warm_page_cache,
 )
 
-CASES = ("pyarrow_limit", "raw_jax", "ray_iter_jax_batches", "grain", "slicefeed", "slicefeed_ray")
-QUICK_CASES = CASES[:5]
+#: Suffix of a Ray case run at Ray's default object-store size (30 % of RAM)
+#: instead of the 256 MB store the other Ray cases get (see ``_ray_init``).
+DEFAULT_STORE = "_default_store"
+CASES = ("pyarrow_limit", "raw_jax", "ray_iter_jax_batches", "grain", "slicefeed", "slicefeed_ray",
+         "ray_iter_jax_batches" + DEFAULT_STORE, "slicefeed_ray" + DEFAULT_STORE)
+QUICK_CASES = CASES[:5] + ("ray_iter_jax_batches" + DEFAULT_STORE,)
 TARGETS = {  # slicefeed rows/s divided by the case's, at least (benchmarks/README.md)
     "ray_iter_jax_batches": 1.3,
     "grain": 1.0,
@@ -111,9 +119,14 @@ def _mesh_sharding():
     return NamedSharding(Mesh(devices, ("data",)), PartitionSpec("data"))
 
 
-def _ray_init(extra: dict) -> None:
+def _ray_init(extra: dict, cfg: dict) -> None:
     import ray
 
+    # Smaller than the full dataset (269 MB decoded), as in production where
+    # data >> object store: Ray cannot pre-read everything before the first
+    # batch and call the rest "steady state". The ``*_default_store`` cases
+    # keep Ray's own default instead.
+    store = None if cfg.get("default_store") else 256 << 20
     t = time.perf_counter()
     for attempt in range(3):
         try:
@@ -122,10 +135,7 @@ def _ray_init(extra: dict) -> None:
                 num_cpus=os.cpu_count(),
                 include_dashboard=False,
                 log_to_driver=False,
-                # Smaller than the full dataset (269 MB decoded), as in production
-                # where data >> object store: Ray cannot pre-read everything before
-                # the first batch and call the rest "steady state".
-                object_store_memory=256 << 20,
+                object_store_memory=store,
             )
             break
         except Exception:
@@ -133,6 +143,7 @@ def _ray_init(extra: dict) -> None:
             if attempt == 2:
                 raise
     extra["ray_init_s"] = time.perf_counter() - t
+    extra["object_store_bytes"] = ray.cluster_resources().get("object_store_memory")
     extra["ray_init_attempts"] = attempt + 1
 
 
@@ -171,7 +182,7 @@ def case_raw_jax(cfg, meta, consume, extra) -> float:
 
 
 def case_ray_iter_jax_batches(cfg, meta, consume, extra) -> float:
-    _ray_init(extra)
+    _ray_init(extra, cfg)
     import ray
     from ray.data.collate_fn import ArrowBatchCollateFn
 
@@ -204,7 +215,7 @@ def case_grain(cfg, meta, consume, extra) -> float:
 
 
 def case_slicefeed(cfg, meta, consume, extra) -> float:
-    _ray_init(extra)
+    _ray_init(extra, cfg)
     from slicefeed.pipelines import JaxLoader
 
     B = cfg["batch_size"]
@@ -230,7 +241,7 @@ def case_slicefeed_ray(cfg, meta, consume, extra) -> float:
     return case_slicefeed(cfg, meta, consume, extra)
 
 
-CASE_FUNCS = {name: globals()[f"case_{name}"] for name in CASES}
+CASE_FUNCS = {name: globals()[f"case_{name.removesuffix(DEFAULT_STORE)}"] for name in CASES}
 
 
 def child_main(cfg_json: str) -> None:
@@ -271,7 +282,8 @@ def child_main(cfg_json: str) -> None:
 def run_case(case: str, batch_size: int, meta: dict, args, device_count: int = 8) -> dict:
     fd, out = tempfile.mkstemp(prefix=f"bench-{case}-", suffix=".json")
     os.close(fd)
-    cfg = {"case": case, "batch_size": batch_size, "meta": meta, "out": out}
+    cfg = {"case": case, "batch_size": batch_size, "meta": meta, "out": out,
+           "default_store": case.endswith(DEFAULT_STORE)}
     if args.profile and case in args.profile.split(","):
         cfg["profile"] = os.path.join(
             os.path.dirname(os.path.abspath(args.json)), f"profile-{case}-b{batch_size}.txt"
@@ -395,12 +407,12 @@ def _fmt(x, nd=0, scale=1.0):
 def print_table(cases: dict, ratios: dict, batch_size: int) -> str:
     lines = [
         f"global batch size {batch_size}, {ROW_BYTES} B/row, medians over repeats",
-        (f"{'case':<22}{'rows/s':>10}{'MB/s':>9}{'e2e r/s':>9}{'wall s':>8}{'TTFB s':>8}"
+        (f"{'case':<36}{'rows/s':>10}{'MB/s':>9}{'e2e r/s':>9}{'wall s':>8}{'TTFB s':>8}"
          f"{'RSS MB':>8}{'tree MB':>9}  status"),
     ]
     for name, c in cases.items():
         lines.append(
-            f"{name:<22}{_fmt(c['rows_per_s']):>10}{_fmt(c['bytes_per_s'], 0, 1e6):>9}"
+            f"{name:<36}{_fmt(c['rows_per_s']):>10}{_fmt(c['bytes_per_s'], 0, 1e6):>9}"
             f"{_fmt(c['e2e_rows_per_s']):>9}"
             f"{_fmt(c['wall_s'], 2):>8}{_fmt(c['time_to_first_batch_s'], 2):>8}"
             f"{_fmt(c['peak_rss_mb']):>8}{_fmt(c['peak_tree_rss_mb']):>9}  {c['status']}"
@@ -422,8 +434,14 @@ def print_table(cases: dict, ratios: dict, batch_size: int) -> str:
     return text
 
 
-def plot(sweep: dict[str, dict[int, float]], path: str, title: str) -> None:
-    import matplotlib
+def plot(sweep: dict[str, dict[int, float]], path: str, title: str) -> bool:
+    """Writes the sweep's PNG; False (with a message) when matplotlib is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"matplotlib is not installed: no plot at {path} (the JSON has every figure); "
+              "pip install 'slicefeed[benchmarks]' for it.", flush=True)
+        return False
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -443,13 +461,14 @@ def plot(sweep: dict[str, dict[int, float]], path: str, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return True
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small dataset, 2 batch sizes")
     ap.add_argument("--json", help="result path (default benchmarks/results/loader[-quick].json)")
-    ap.add_argument("--cases", help=f"comma-separated subset of {','.join(CASES)} (quick: first 5)")
+    ap.add_argument("--cases", help=f"comma-separated subset of {','.join(CASES)} (quick: {','.join(QUICK_CASES)})")
     ap.add_argument("--batch-size", type=int, default=256, help="global batch size of the table")
     ap.add_argument("--batch-sizes", help="comma-separated sweep for the plot (default 64,256,1024; quick 256,1024)")
     ap.add_argument("--repeat", type=int, default=None, help="runs per case at --batch-size (default 3; quick 1)")
@@ -523,7 +542,7 @@ def main(argv=None) -> int:
     machine["loadavg_end"] = os.getloadavg()
     table = print_table(case_summary, ratios, args.batch_size)
     png = os.path.splitext(args.json)[0] + ".png"
-    plot(
+    plotted = plot(
         sweep,
         png,
         f"{rows} rows x {ROW_BYTES} B, 8 CPU devices, {machine.get('nproc')} cores "
@@ -558,7 +577,8 @@ def main(argv=None) -> int:
             r.pop("log_tail", None)
     with open(args.json, "w") as f:
         json.dump(doc, f, indent=1, default=str)
-    print(f"wrote {args.json} and {png} in {doc['total_s']:.0f} s", flush=True)
+    wrote = f"{args.json} and {png}" if plotted else args.json
+    print(f"wrote {wrote} in {doc['total_s']:.0f} s", flush=True)
     failed = [c for c, s in case_summary.items() if s["status"] != "ok"]
     failed += [f"{c}@{b}" for c, d in sweep_runs.items() for b, r in d.items() if r["status"] != "ok"]
     if failed:

@@ -162,7 +162,7 @@ def slicefeed_tokenize_pack(batch: pa.Table, seq_len: int) -> dict[str, np.ndarr
     t = Tokenize(column="text", add_eos=True)(batch)
     p = PackSequences(column="tokens", seq_len=seq_len, strategy="first_fit")(t)
     return {
-        c: p.column(c).combine_chunks().flatten().to_numpy().reshape(-1, seq_len)
+        c: p.column(c).combine_chunks().to_numpy_ndarray()
         for c in ("tokens", "segment_ids", "positions")
     }
 

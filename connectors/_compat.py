@@ -31,9 +31,12 @@ Entries (private attribute -> fallback when it is gone):
   (``ray._private.authentication...``) -> setting an unused logger's level is harmless.
 - :func:`disable_ray_data_progress_bars` -- the ``log_once`` key of Ray Data's
   "progress bars disabled" warning -> the warning shows once.
-- :func:`task_retry_args` -- ``max_retries`` passed as Ray Data "remote args",
-  deprecated in Ray 2.60 with no named replacement -> the deprecation warning is
-  silenced around the call (Ray Data 2.64 drops them: revisit then).
+- :func:`task_retry_options` / :func:`task_retry_args` -- ``max_retries`` passed
+  as Ray Data "remote args" (``**ray_remote_args`` of ``map_batches`` /
+  ``map_groups``, ``ray_remote_args=`` of ``read_datasource`` /
+  ``write_datasink``), deprecated in Ray 2.60 for reads and maps with no named
+  replacement -> the deprecation warning is silenced around the calls (Ray
+  Data 2.64 drops them: revisit then).
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ __all__ = [
     "kv_wait",
     "quiet_ray_logging",
     "task_retry_args",
+    "task_retry_options",
     "valid_tpu_topologies",
 ]
 
@@ -215,6 +219,24 @@ def kv_wait(client: Any, key: str, timeout_ms: int) -> str | None:
         return client.blocking_key_value_get(key, max(int(timeout_ms), 1))
     except Exception:  # noqa: BLE001 - not set in time (jaxlib raises DEADLINE_EXCEEDED)
         return None
+
+
+def task_retry_options(retries: int) -> dict[str, Any]:
+    """Ray Data task options that rerun a task whose worker died at most ``retries`` times.
+
+    Ray Data submits its tasks with ``max_retries=-1`` (rerun forever). Ray
+    2.60 has no public setting for it: the named remote parameters of reads,
+    maps and writes are ``num_cpus``, ``memory``, ``label_selector``,
+    ``fallback_strategy``, ``max_calls``, ``resources``, ``accelerator_type``,
+    ``runtime_env`` (and ``max_concurrency``); ``DataContext.max_map_retries``
+    / ``retried_map_errors`` rerun a map on a Python exception inside the
+    worker, not on its death; ``max_consecutive_actor_init_deaths`` is for
+    actor pools. So the option travels as a remote arg: pass the result as
+    ``**options`` to ``map_batches`` / ``map_groups`` or as
+    ``ray_remote_args=`` to ``read_datasource`` / ``write_datasink``, inside
+    :func:`task_retry_args`.
+    """
+    return {"max_retries": int(retries)}
 
 
 @contextlib.contextmanager

@@ -1,7 +1,7 @@
 """Readers: lazy ``ray.data.Dataset`` over Parquet, JSONL, CSV and text files.
 
 Each format is a small ``FileBasedDatasource`` subclass overriding one hook
-(``_read_stream``), handed to ``ray.data.read_datasource`` with the filesystem
+(``_read_file``, which Ray's ``_read_stream`` calls per file), handed to ``ray.data.read_datasource`` with the filesystem
 that :func:`resolve_filesystem` chose. Doing the decode in our own hook, rather
 than calling ``ray.data.read_parquet``/``read_json`` directly, buys two things
 Ray's readers do not give:
@@ -41,6 +41,7 @@ from slicefeed.connectors._errors import (
 from slicefeed.connectors._formats import FORMATS, FileFormat, get_format
 from slicefeed.connectors._fs import ResolvedPath, expand_paths, has_glob, resolve_filesystem
 from slicefeed.connectors._names import ERROR_COLUMN, PROVENANCE_FILE, PROVENANCE_ROW, RAW_COLUMN
+from slicefeed.connectors._watch import watching
 
 #: Column names slicefeed adds to rows; input that has them is refused (it
 #: could forge a row's identity or mark rows bad). ``columns:`` in the source
@@ -79,6 +80,7 @@ class _SlicefeedFileDatasource(FileBasedDatasource):
         columns: Sequence[str] | None,
         provenance: bool,
         mark_errors: bool = False,
+        watch: Any = None,
         **kwargs: Any,
     ):
         if mark_errors and not provenance:
@@ -95,6 +97,17 @@ class _SlicefeedFileDatasource(FileBasedDatasource):
         self._base = base.rstrip("/")
         self._columns = list(columns) if columns is not None else None
         self._provenance = provenance
+        self._watch = watch
+
+    def _read_stream(self, f: pa.NativeFile, path: str) -> Iterator[pa.Table]:
+        # A worker that dies decoding a file (a segfault, an out-of-memory kill
+        # on a bomb) raises nothing; the watch lets the caller name the file.
+        uri = self._uri(path)
+        with watching(self._watch, f"read:{uri}", f"reading input file {uri!r}"):
+            yield from self._read_file(f, path)
+
+    def _read_file(self, f: pa.NativeFile, path: str) -> Iterator[pa.Table]:
+        raise NotImplementedError
 
     def get_name(self) -> str:
         return f"Read{self._FORMAT}"
@@ -166,7 +179,7 @@ class ParquetFilesDatasource(_SlicefeedFileDatasource):
         # Parquet needs random access to the footer.
         return filesystem.open_input_file(path)
 
-    def _read_stream(self, f: pa.NativeFile, path: str) -> Iterator[pa.Table]:
+    def _read_file(self, f: pa.NativeFile, path: str) -> Iterator[pa.Table]:
         import pyarrow.parquet as pq
 
         try:
@@ -217,7 +230,7 @@ class JsonlDatasource(_SlicefeedFileDatasource):
 
     _FORMAT = "JSONL"
 
-    def _read_stream(self, f: pa.NativeFile, path: str) -> Iterator[pa.Table]:
+    def _read_file(self, f: pa.NativeFile, path: str) -> Iterator[pa.Table]:
         import pyarrow.json as pajson
 
         data = f.readall()
@@ -361,7 +374,7 @@ class CsvDatasource(_SlicefeedFileDatasource):
         super().__init__(*args, **kwargs)
         self._delimiter = delimiter
 
-    def _read_stream(self, f: pa.NativeFile, path: str) -> Iterator[pa.Table]:
+    def _read_file(self, f: pa.NativeFile, path: str) -> Iterator[pa.Table]:
         import pyarrow.csv as pacsv
 
         delimiter = FORMATS["csv"].options_for(path, {"delimiter": self._delimiter})["delimiter"]
@@ -433,7 +446,7 @@ class TextDatasource(_SlicefeedFileDatasource):
         super().__init__(*args, **kwargs)
         self._drop_empty = drop_empty_lines
 
-    def _read_stream(self, f: pa.NativeFile, path: str) -> Iterator[pa.Table]:
+    def _read_file(self, f: pa.NativeFile, path: str) -> Iterator[pa.Table]:
         import pyarrow.compute as pc
 
         data = f.readall()
@@ -520,6 +533,7 @@ def _read(
     datasource_kwargs: dict[str, Any] | None = None,
     mark_errors: bool = False,
     shard: tuple[int, int] | None = None,
+    watch: Any = None,
 ) -> ray.data.Dataset:
     source = resolve_filesystem(uri, **fs_kwargs)
     paths = shard_files(expand_paths(source, suffixes=suffixes), shard, uri=source.uri)
@@ -531,6 +545,7 @@ def _read(
         provenance=provenance,
         mark_errors=mark_errors,
         shuffle=FileShuffleConfig(seed=shuffle_seed) if shuffle_seed is not None else None,
+        watch=watch,
         **(datasource_kwargs or {}),
     )
     return ray.data.read_datasource(datasource, **ray_kwargs)
@@ -552,6 +567,7 @@ def read_parquet(
     provenance: bool = False,
     mark_errors: bool = False,
     shard: tuple[int, int] | None = None,
+    watch: Any = None,
     **kwargs: Any,
 ) -> ray.data.Dataset:
     """Lazily reads Parquet files: a file, a directory (recursively) or a glob.
@@ -564,6 +580,9 @@ def read_parquet(
         provenance: Add ``_sf_file`` and ``_sf_row`` columns (row identity).
         shard: ``(index, count)``: read only files ``index::count`` of the sorted
             file list (one host's deterministic share of whole files).
+        watch: Told before and after each file is read (``begin(key, what)``,
+            ``end(key)``; see ``connectors._watch``), so that a worker that dies
+            reading a file can be reported by that file.
         mark_errors: With ``provenance``: instead of raising, a record that
             cannot be decoded (or a whole unreadable file, with a null
             ``_sf_row``) becomes a row whose ``_sf_error`` holds the reason
@@ -588,7 +607,7 @@ def read_parquet(
     return _read(
         "parquet", uri, columns=columns, shuffle_seed=shuffle_seed, provenance=provenance,
         suffixes=FORMATS["parquet"].listing_suffixes, mark_errors=mark_errors, fs_kwargs=fs_kwargs, ray_kwargs=ray_kwargs,
-        shard=shard,
+        shard=shard, watch=watch,
     )
 
 
@@ -600,6 +619,7 @@ def read_jsonl(
     provenance: bool = False,
     mark_errors: bool = False,
     shard: tuple[int, int] | None = None,
+    watch: Any = None,
     **kwargs: Any,
 ) -> ray.data.Dataset:
     """Lazily reads newline-delimited JSON (one object per line).
@@ -612,7 +632,7 @@ def read_jsonl(
         "jsonl", uri, columns=columns, shuffle_seed=shuffle_seed, provenance=provenance,
         suffixes=FORMATS["jsonl"].listing_suffixes,
         mark_errors=mark_errors, fs_kwargs=fs_kwargs, ray_kwargs=ray_kwargs,
-        shard=shard,
+        shard=shard, watch=watch,
     )
 
 
@@ -625,6 +645,7 @@ def read_csv(
     delimiter: str | None = None,
     mark_errors: bool = False,
     shard: tuple[int, int] | None = None,
+    watch: Any = None,
     **kwargs: Any,
 ) -> ray.data.Dataset:
     """Lazily reads CSV files with a header row (types inferred by pyarrow).
@@ -637,7 +658,7 @@ def read_csv(
         "csv", uri, columns=columns, shuffle_seed=shuffle_seed, provenance=provenance,
         suffixes=FORMATS["csv"].listing_suffixes, mark_errors=mark_errors, fs_kwargs=fs_kwargs, ray_kwargs=ray_kwargs,
         datasource_kwargs={"delimiter": delimiter},
-        shard=shard,
+        shard=shard, watch=watch,
     )
 
 
@@ -649,6 +670,7 @@ def read_text(
     drop_empty_lines: bool = False,
     mark_errors: bool = False,
     shard: tuple[int, int] | None = None,
+    watch: Any = None,
     **kwargs: Any,
 ) -> ray.data.Dataset:
     """Lazily reads UTF-8 text files, one row per line, into a ``text`` column.
@@ -662,7 +684,7 @@ def read_text(
         "text", uri, columns=None, shuffle_seed=shuffle_seed, provenance=provenance,
         suffixes=FORMATS["text"].listing_suffixes, mark_errors=mark_errors, fs_kwargs=fs_kwargs, ray_kwargs=ray_kwargs,
         datasource_kwargs={"drop_empty_lines": drop_empty_lines},
-        shard=shard,
+        shard=shard, watch=watch,
     )
 
 

@@ -57,6 +57,7 @@ from slicefeed.connectors._manifest import (
 )
 from slicefeed.connectors._parquet import encode_shard
 from slicefeed.connectors._verify import shard_sha256
+from slicefeed.connectors._watch import watching
 
 logger = logging.getLogger(__name__)
 
@@ -101,18 +102,19 @@ class UnitResult:
 def _run_unit(target: ResolvedPath, unit: Unit, writer: str, read: Callable[[str], pa.Table],
               process: Callable[[pa.Table], tuple[pa.Table, dict[str, Any]]],
               compression: str, row_group_size: int | None,
-              row_group_bytes: int | None = None) -> dict[str, Any]:
+              row_group_bytes: int | None = None, watch: Any = None) -> dict[str, Any]:
     """Ray task body: read one file, transform it, write its shard and side record."""
-
     table, counts = process(read(unit.path))
     entry: dict[str, Any] = {"index": unit.index, "key": unit.key, "writer": writer,
                              "counts": counts, "path": None, "num_rows": 0}
     if table.num_rows:
-        data, groups = encode_shard(table, compression=compression,
-                                    row_group_size=row_group_size,
-                                    row_group_bytes=row_group_bytes)
-        name = unit.shard(writer)
-        write_atomic(target.join(name), data)
+        with watching(watch, f"write:{unit.shard(writer)}",
+                      f"writing the shard of input file {unit.input.uri!r} to {target.uri}"):
+            data, groups = encode_shard(table, compression=compression,
+                                        row_group_size=row_group_size,
+                                        row_group_bytes=row_group_bytes)
+            name = unit.shard(writer)
+            write_atomic(target.join(name), data)
         entry.update(
             path=name, num_rows=table.num_rows, num_bytes=len(data),
             sha256=hashlib.sha256(data).hexdigest(),
@@ -139,8 +141,9 @@ class FileReader:
     """
 
     def __init__(self, fmt: str, source: ResolvedPath, *, columns: Sequence[str] | None,
-                 mark_errors: bool, options: Mapping[str, Any]):
+                 mark_errors: bool, options: Mapping[str, Any], watch: Any = None):
         self.fmt = fmt
+        self.watch = watch  # told which file is being read (connectors._watch)
         self.source = source
         self.columns = list(columns) if columns is not None else None
         self.mark_errors = mark_errors
@@ -152,7 +155,7 @@ class FileReader:
 
         cls = getattr(_readers, get_format(self.fmt).datasource)
         ds = cls([path], source=self.source, columns=self.columns, provenance=True,
-                 mark_errors=self.mark_errors, **self.options)
+                 mark_errors=self.mark_errors, watch=self.watch, **self.options)
         tables = [pa.Table.from_pandas(b) if not isinstance(b, pa.Table) else b
                   for task in ds.get_read_tasks(1) for b in task()]
         tables = [t for t in tables if t.num_rows] or tables[:1]
@@ -226,6 +229,7 @@ def write_units(
     row_group_bytes: int | None = None,
     on_reused: Callable[[list[dict[str, Any]]], None] | None = None,
     max_retries: int = 2,
+    watch: Any = None,
 ) -> UnitResult:
     """Computes the units not finished by an earlier run and commits a new version.
 
@@ -235,7 +239,9 @@ def write_units(
     provenance); ``process(table)`` returns the output rows and the unit's
     stage counters. Both run in Ray tasks (one per missing unit).
     ``before_commit(manifest, counts)`` gets every unit's counters.
-    ``max_retries``: reruns of a unit task whose worker died.
+    ``max_retries``: reruns of a unit task whose worker died; ``watch`` is told
+    which shard a task writes (see ``connectors._watch``; ``read`` reports
+    the file it reads itself).
 
     Raises:
         AlreadyCommittedError, CommitConflictError: as :func:`write_parquet`.
@@ -270,7 +276,7 @@ def write_units(
         # ends the run instead of being resubmitted forever.
         task = ray.remote(num_cpus=1, max_retries=max_retries)(_run_unit)
         refs = [task.remote(target, u, writer_id, read, process, compression, row_group_size,
-                           row_group_bytes)
+                            row_group_bytes, watch)
                 for u in todo]
         results: dict[int, dict[str, Any]] = dict(reused)
         # Every task ends before anything is judged, so a failed run's cleanup

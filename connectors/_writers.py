@@ -56,6 +56,7 @@ from slicefeed.connectors._manifest import (
 )
 from slicefeed.connectors._parquet import encode_shard
 from slicefeed.connectors._verify import verify_shards
+from slicefeed.connectors._watch import watching
 
 logger = logging.getLogger(__name__)
 
@@ -92,8 +93,10 @@ class CommittedParquetDatasink(Datasink[dict]):
         row_group_size: int | None = None,
         row_group_bytes: int | None = None,
         before_commit: Callable[[Manifest], None] | None = None,
+        watch: Any = None,
     ):
         self.target = target
+        self.watch = watch
         self.before_commit = before_commit
         self.run_id = run_id
         self.fingerprint = fingerprint
@@ -115,16 +118,23 @@ class CommittedParquetDatasink(Datasink[dict]):
         self.target.fs.makedirs(self.target.path, exist_ok=True)
 
     def write(self, blocks: Iterable[Block], ctx: Any) -> dict | None:
+        # Consuming ``blocks`` runs the stages fused into this task (reads, transforms).
         tables = [BlockAccessor.for_block(b).to_arrow() for b in blocks]
         tables = [t for t in tables if t.num_rows]
         if not tables:
             return None
+        name = f"{SHARD_PREFIX}{ctx.task_idx:05d}-{self.run_id}.parquet"
+        # A worker that dies here raises nothing; the watch lets the caller
+        # name the sink and the shard.
+        with watching(self.watch, f"write:{name}", f"writing shard {name} to {self.target.uri}"):
+            return self._write(tables, name, ctx)
+
+    def _write(self, tables: list[pa.Table], name: str, ctx: Any) -> dict:
         table = pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0]
         data, groups = encode_shard(
             table, compression=self.compression, row_group_size=self.row_group_size,
             row_group_bytes=self.row_group_bytes,
         )
-        name = f"{SHARD_PREFIX}{ctx.task_idx:05d}-{self.run_id}.parquet"
         # Writer-owned name: a retried task may replace its own shard.
         write_atomic(self.target.join(name), data)
         return {
@@ -227,6 +237,7 @@ def write_parquet(
     writer_id: str | None = None,
     report: str | None = None,
     quarantine: str | None = None,
+    watch: Any = None,
     **fs_kwargs: Any,
 ) -> Manifest:
     """Writes ``ds`` as a new committed version at ``uri`` and returns its manifest.
@@ -258,6 +269,9 @@ def write_parquet(
         report: Path (relative to ``uri``) of the run report this writer will
             write, recorded in the manifest.
         quarantine: Folder (relative to ``uri``) of this writer's quarantined records.
+        watch: Told before and after each shard is written (``begin(key, what)``,
+            ``end(key)``; see ``connectors._watch``), so that a worker that dies
+            writing can be reported by its shard.
         **fs_kwargs: Passed to :func:`resolve_filesystem`.
 
     Raises:
@@ -292,6 +306,7 @@ def write_parquet(
         min_rows_per_file=min_rows_per_file,
         row_group_size=row_group_size,
         row_group_bytes=row_group_bytes,
+        watch=watch,
     )
     sidecars = [s for s in (report, quarantine) if s]
     committed = False
@@ -345,6 +360,7 @@ def read_dataset(
     version: int | None = None,
     verify: bool = False,
     shard: tuple[int, int] | None = None,
+    watch: Any = None,
     **kwargs: Any,
 ) -> ray.data.Dataset:
     """Lazily reads the committed dataset at ``uri``, through its manifest only.
@@ -362,6 +378,9 @@ def read_dataset(
             every byte). Sizes (from one listing) and row counts (from the
             footers) are always checked.
         shard: ``(index, count)``: read only the manifest's files ``index::count``.
+        watch: With ``provenance``: told before and after each shard is read
+            (see ``connectors._watch``), so that a worker that dies reading a
+            shard can be reported by that shard.
         **kwargs: ``credentials``/``anonymous``/``project``/``storage_options`` go to
             :func:`resolve_filesystem`; the rest to ``ray.data.read_parquet``.
 
@@ -392,7 +411,8 @@ def read_dataset(
     paths = [target.join(f.path).path for f in files]
     if provenance:
         return ray.data.read_datasource(
-            ParquetFilesDatasource(paths, source=target, columns=columns, provenance=True),
+            ParquetFilesDatasource(paths, source=target, columns=columns, provenance=True,
+                                   watch=watch),
             **ray_kwargs,
         )
     try:

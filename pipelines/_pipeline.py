@@ -54,7 +54,7 @@ from slicefeed.connectors import (
     write_atomic,
     write_parquet,
 )
-from slicefeed.connectors._compat import task_retry_args
+from slicefeed.connectors._compat import task_retry_args, task_retry_options
 from slicefeed.connectors._formats import get_format
 from slicefeed.pipelines import _rerun
 from slicefeed.pipelines._spec import (
@@ -64,6 +64,7 @@ from slicefeed.pipelines._spec import (
     load_spec,
     validate_spec,
 )
+from slicefeed.transforms import DatasetTasks
 
 
 def _versions() -> dict[str, str]:
@@ -201,17 +202,34 @@ class _Counters:
     def __init__(self) -> None:
         self.counts = StageCounts()
         self.seen: set[str] = set()
-        # Batches a stage started: key -> [attempts, what the batch holds].
+        # Work started (a stage's batch, a file read, a shard written):
+        # key -> [attempts, what it is, order of the latest start].
         self.started: dict[str, list[Any]] = {}
+        self.starts = 0
 
     def begin(self, key: str, what: str) -> None:
-        entry = self.started.setdefault(key, [0, what])
+        self.starts += 1
+        entry = self.started.setdefault(key, [0, what, 0])
         entry[0] += 1
+        entry[1] = what
+        entry[2] = self.starts
+
+    def describe(self, key: str, what: str) -> None:
+        """Replaces what a started batch holds (no new attempt)."""
+        if key in self.started:
+            self.started[key][1] = what
+
+    def finish(self, key: str) -> None:
+        """Marks work started by :meth:`begin` as done (reading, writing)."""
+        self.seen.add(key)
 
     def crashed(self) -> list[tuple[int, str]]:
-        """(attempts, what) of batches started but never finished, most attempts first."""
-        out = [(n, what) for k, (n, what) in self.started.items() if k not in self.seen]
-        return sorted(out, reverse=True)
+        """(attempts, what) of work started but never finished, most attempts first,
+        then the latest started first (work inside other work: a read inside a write
+        task is the one that was running)."""
+        out = [(n, order, what) for k, (n, what, order) in self.started.items()
+               if k not in self.seen]
+        return [(n, what) for n, _, what in sorted(out, reverse=True)]
 
     def add(self, delta: StageCounts, key: str | None = None) -> None:
         if key is not None:
@@ -241,13 +259,111 @@ def _batch_key(stage: str, table: pa.Table) -> str | None:
 
 
 def _describe_batch(table: pa.Table, transforms: Sequence[Any]) -> str:
-    """``transform(s) a, b on file(s) x (rows i..j)`` for a batch (vectorised)."""
-    names = ", ".join(t.name for t in transforms)
+    """``running transform(s) a, b on file(s) x (rows i..j)`` for a batch (vectorised)."""
+    return _describe_rows(f"transform(s) {', '.join(t.name for t in transforms)}", table)
+
+
+def _describe_rows(what: str, table: pa.Table) -> str:
+    """``running <what> on input file(s) x (rows i..j)`` (vectorised)."""
     files = table.column(PROVENANCE_FILE).unique().to_pylist()[:3]
     rows = table.column(PROVENANCE_ROW)
     lo, hi = pc.min(rows).as_py(), pc.max(rows).as_py()
-    return (f"transform(s) {names} on input file(s) {', '.join(repr(f) for f in files)}"
+    return (f"running {what} on input file(s) {', '.join(repr(f) for f in files)}"
             + (f" (rows {lo}..{hi})" if lo is not None else ""))
+
+
+class _Watch:
+    """Tells the run's counters which file a task reads or which shard it writes
+    (``begin``/``end``, see ``connectors._watch``), so that a worker that dies
+    there is reported by that file or shard."""
+
+    def __init__(self, counters: Any):
+        self.counters = counters
+
+    def begin(self, key: str, what: str) -> None:
+        ray.get(self.counters.begin.remote(key, what))
+
+    def end(self, key: str) -> None:
+        ray.get(self.counters.finish.remote(key))
+
+
+class _Watched:
+    """A dataset-level transform's batch function, recorded per batch like a stage."""
+
+    def __init__(self, fn: Any, what: str, counters: Any):
+        self.fn, self.what, self.counters = fn, what, counters
+        self.__name__ = getattr(fn, "__name__", type(fn).__name__)  # Ray names the stage by it
+
+    def __call__(self, table: pa.Table) -> Any:
+        key = _batch_key(self.what, table)
+        if key is None:
+            return self.fn(table)
+        ray.get(self.counters.begin.remote(key, _describe_rows(self.what, table)))
+        out = self.fn(table)
+        ray.get(self.counters.finish.remote(key))
+        return out
+
+
+class _WatchedGroups:
+    """A dataset-level transform's per-group function, recorded per task.
+
+    One record per group would cost a round trip per key; instead each task
+    attempt records the input files of the groups it has reached (up to
+    ``_MAX_FILES`` names), so a worker that dies names the stage and, for a
+    small number of files, the file. A process moving on to the next task
+    marks the previous one finished.
+    """
+
+    _MAX_FILES = 8
+
+    def __init__(self, fn: Any, what: str, counters: Any):
+        self.fn, self.what, self.counters = fn, what, counters
+        self.__name__ = getattr(fn, "__name__", type(fn).__name__)  # Ray names the stage by it
+        self.task: str | None = None
+        self.files: list[str] = []
+
+    def __call__(self, group: pa.Table) -> Any:
+        if PROVENANCE_FILE in group.column_names:
+            task = ray.get_runtime_context().get_task_id() or ""
+            if task != self.task:
+                if self.task is not None:
+                    ray.get(self.counters.finish.remote(f"{self.what}:{self.task}"))
+                self.task, self.files = task, []
+                new = True
+            else:
+                new = False
+            if len(self.files) < self._MAX_FILES:
+                seen = group.column(PROVENANCE_FILE).unique().to_pylist()
+                more = [f for f in seen if f not in self.files][: self._MAX_FILES - len(self.files)]
+                if more or new:
+                    self.files += more
+                    what = (f"running {self.what} on key groups of input file(s) "
+                            f"{', '.join(repr(f) for f in self.files)}"
+                            + (" and others" if len(self.files) >= self._MAX_FILES else ""))
+                    call = self.counters.begin if new else self.counters.describe
+                    ray.get(call.remote(f"{self.what}:{task}", what))
+        return self.fn(group)
+
+
+class _PipelineTasks(DatasetTasks):
+    """A run's policy for dataset-level transforms: bounded reruns, watched functions."""
+
+    def __init__(self, retries: int, counters: Any):
+        self.options = task_retry_options(retries)
+        self.counters = counters
+
+    def map_batches(self, ds: ray.data.Dataset, fn: Any, *, what: str,
+                    **kwargs: Any) -> ray.data.Dataset:
+        if self.counters is not None:
+            fn = _Watched(fn, what, self.counters)
+        with task_retry_args():
+            return ds.map_batches(fn, **kwargs, **self.options)
+
+    def map_groups(self, grouped: Any, fn: Any, *, what: str, **kwargs: Any) -> ray.data.Dataset:
+        if self.counters is not None:
+            fn = _WatchedGroups(fn, what, self.counters)
+        with task_retry_args():
+            return grouped.map_groups(fn, **kwargs, **self.options)
 
 
 class _Stage:
@@ -521,25 +637,29 @@ class Pipeline:
         return mixture_report(self.mixture_counts, [s.weight for s in self.spec.sources])
 
     def _retries(self) -> dict[str, Any]:
-        """Ray remote args bounding the reruns of a task whose worker died.
+        """Ray options bounding the reruns of a task whose worker died.
 
         Ray Data's default (``max_retries=-1``) reruns such a task forever; a
         record that kills its worker every time (a segfault, an OOM kill)
-        would make the run loop. Exceptions are not retried either way.
+        would make the run loop. Exceptions are not retried either way. Every
+        Ray Data call of a run passes these: reads, map stages, dataset-level
+        transforms (through :class:`_PipelineTasks`) and the sink's writes.
         """
-        return {"max_retries": self.spec.task_retries}
+        return task_retry_options(self.spec.task_retries)
 
-    def _read_source(self, src: SourceSpec, shard: tuple[int, int] | None = None) -> ray.data.Dataset:
+    def _read_source(self, src: SourceSpec, shard: tuple[int, int] | None = None,
+                     counters: Any = None) -> ray.data.Dataset:
         opts = dict(src.options)
+        watch = _Watch(counters) if counters is not None else None
         if src.format == "dataset":
             with task_retry_args():
                 return read_dataset(src.uri, provenance=True, shard=shard, **opts, **src.storage,
-                                    ray_remote_args=self._retries())
+                                    ray_remote_args=self._retries(), watch=watch)
         reader = getattr(connectors, get_format(src.format).reader)
         with task_retry_args():
             return reader(
                 src.uri, provenance=True, mark_errors=self.spec.on_error != "fail",
-                shard=shard, **opts, **src.storage, ray_remote_args=self._retries(),
+                shard=shard, **opts, **src.storage, ray_remote_args=self._retries(), watch=watch,
             )
 
     def source_schema(self) -> pa.Schema:
@@ -651,7 +771,7 @@ class Pipeline:
         reader = FileReader(
             src.format, source, columns=opts.get("columns"),
             mark_errors=self.spec.on_error != "fail",
-            options={k: opts[k] for k in fmt.options if k in opts},
+            options={k: opts[k] for k in fmt.options if k in opts}, watch=_Watch(counters),
         )
         on_error = self.spec.on_error
         process = _UnitProcess([
@@ -675,7 +795,7 @@ class Pipeline:
             compression=sopts.get("compression", "snappy"),
             row_group_size=sopts.get("row_group_size"),
             row_group_bytes=sopts.get("row_group_bytes"), on_reused=on_reused,
-            max_retries=self.spec.task_retries,
+            max_retries=self.spec.task_retries, watch=_Watch(counters),
         )
         info.update(shards_reused=result.reused, units=result.units, bytes_read=result.bytes_read)
         return result.manifest
@@ -704,12 +824,13 @@ class Pipeline:
                shard: tuple[int, int] | None = None) -> ray.data.Dataset:
         srcs = self.spec.sources
         if len(srcs) == 1:
-            ds = self._read_source(srcs[0], shard)
+            ds = self._read_source(srcs[0], shard, counters)
         else:
             from slicefeed.pipelines._mixture import interleave
 
             ds, self.mixture_counts = interleave(
-                {n: self._read_source(s, shard) for n, s in zip(self.spec.source_names, srcs)},
+                {n: self._read_source(s, shard, counters)
+                 for n, s in zip(self.spec.source_names, srcs)},
                 [s.weight for s in srcs],
                 seed=self.spec.seed,
             )
@@ -742,7 +863,7 @@ class Pipeline:
         for i, t in enumerate(transforms):
             if t.is_dataset_op:
                 ds = flush(ds)
-                ds = t.dataset_op(ds)
+                ds = _dataset_op(t, ds, _PipelineTasks(self.spec.task_retries, counters))
             else:
                 if not group:
                     first[0] = i
@@ -783,8 +904,9 @@ class Pipeline:
         """:meth:`dataset` from already fitted transforms, reporting to ``counters``."""
         ds = self._build(fitted, counters=counters, quarantine=quarantine, shard=shard)
         if not keep_provenance:
-            ds = ds.map_batches(_drop_provenance if counters is None else _Output(counters),
-                                batch_format="pyarrow", zero_copy_batch=True)
+            with task_retry_args():
+                ds = ds.map_batches(_drop_provenance if counters is None else _Output(counters),
+                                    batch_format="pyarrow", zero_copy_batch=True, **self._retries())
         # Same input, seed and plan -> the same rows in the same order.
         ds.context.execution_options.preserve_order = True
         if self.spec.preprocess_on:
@@ -807,10 +929,10 @@ class Pipeline:
             return None
         n, what = dead[0]
         return WorkerCrashError(
-            f"{self.name}: the worker running {what} died {n} times (task_retries={retries}); "
-            "the run stopped and nothing was committed. The input likely crashes the "
-            "transform (a segfault or an out-of-memory kill): fix or remove that input, "
-            "or the transform, and rerun."
+            f"{self.name}: the worker {what} died {n} times (task_retries={retries}); "
+            "the run stopped and nothing was committed. That input likely crashes the "
+            "step (a segfault or an out-of-memory kill): fix or remove the input, or the "
+            "transform, or give the workers more memory, and rerun."
         )
 
     def fingerprint_parts(self) -> tuple[dict[str, Any], tuple[Any, ...]]:
@@ -965,7 +1087,8 @@ class Pipeline:
                 metadata={"pipeline": self.name, "seed": self.spec.seed, "fit_stats": fit_stats,
                           _rerun.PARTS_KEY: parts},
                 before_commit=before_commit, inputs=inputs, writer_id=writer, report=report_rel,
-                quarantine=quarantine_rel, **dict(sink.options), **storage,
+                quarantine=quarantine_rel, ray_remote_args=self._retries(),
+                watch=_Watch(counters), **dict(sink.options), **storage,
             )
 
         try:
@@ -1036,6 +1159,16 @@ class Pipeline:
         # Convenience copy for the latest commit; the manifest names the report.
         write_atomic(target.join(REPORT_NAME), doc)
         return report
+
+
+def _dataset_op(t: Any, ds: ray.data.Dataset, tasks: DatasetTasks) -> ray.data.Dataset:
+    """``t.dataset_op(ds, tasks=tasks)``; a transform whose ``dataset_op`` predates
+    ``tasks`` gets Ray Data's defaults for its tasks."""
+    import inspect
+
+    if "tasks" in inspect.signature(t.dataset_op).parameters:
+        return t.dataset_op(ds, tasks=tasks)
+    return t.dataset_op(ds)
 
 
 def _worker_died(e: BaseException) -> bool:
@@ -1141,6 +1274,8 @@ def _padding_counts(table: pa.Table) -> tuple[int, int]:
     if "segment_ids" not in table.column_names or table.num_rows == 0:
         return 0, 0
     col = table.column("segment_ids")
+    if isinstance(col.type, pa.FixedShapeTensorType):
+        col = pa.chunked_array([c.storage for c in col.chunks], col.type.storage_type)
     if not pa.types.is_fixed_size_list(col.type) and not pa.types.is_list(col.type):
         return 0, 0
     values = pc.list_flatten(col)

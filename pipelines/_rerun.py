@@ -26,7 +26,9 @@ from typing import Any
 #: Version of what a pipeline writes for a given spec and input. Bump it when
 #: the output rows or their layout change, so reruns over unchanged input
 #: recompute instead of reporting "nothing to do".
-OUTPUT_FORMAT_VERSION = 1
+#: 2: fixed-shape outputs are ``arrow.fixed_shape_tensor`` columns (were
+#: ``fixed_size_list``); ``pad_or_truncate``'s mask is uint8 (was bool).
+OUTPUT_FORMAT_VERSION = 2
 
 #: Manifest metadata key holding the fingerprint's parts (for "what changed").
 PARTS_KEY = "fingerprint_parts"

@@ -34,9 +34,9 @@ from slicefeed.transforms._badrecords import (
 )
 from slicefeed.transforms._categorical import HashBucket, Vocabulary
 from slicefeed.transforms._columnops import Cast, FillNull, Filter, Rename, Select
-from slicefeed.transforms._contract import Transform
+from slicefeed.transforms._contract import DatasetTasks, Transform
 from slicefeed.transforms._dedup import Deduplicate
-from slicefeed.transforms._dtypes import as_bfloat16, is_bfloat16_field
+from slicefeed.transforms._dtypes import as_bfloat16, is_bfloat16_field, type_label
 from slicefeed.transforms._expr import compile_expression
 from slicefeed.transforms._image import (
     CenterCrop,
@@ -67,6 +67,7 @@ __all__ = [
     "TRANSFORMS",
     "Cast",
     "CenterCrop",
+    "DatasetTasks",
     "DecodeImage",
     "Deduplicate",
     "FillNull",
@@ -98,4 +99,5 @@ __all__ = [
     "read_images",
     "split_errors",
     "transform_from_spec",
+    "type_label",
 ]

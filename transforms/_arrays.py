@@ -1,4 +1,13 @@
-"""Zero-copy access to variable-length Arrow arrays as NumPy (values, offsets)."""
+"""Zero-copy access to Arrow list and tensor arrays as NumPy (values, offsets).
+
+Fixed-shape outputs are written as Arrow's canonical ``arrow.fixed_shape_tensor``
+extension type (:func:`tensor_type`, :func:`make_tensor`): its storage is one
+``fixed_size_list<T>[prod(shape)]``, Parquet keeps the type, and Ray Data,
+NumPy-batch consumers and ``iter_jax_batches`` read it as a dense
+``(rows, *shape)`` array. Plain ``fixed_size_list`` columns (the layout written
+before) are read the same way everywhere: :func:`list_parts` and
+:func:`list_like` treat a tensor row as a list of its ``prod(shape)`` values.
+"""
 
 from __future__ import annotations
 
@@ -13,8 +22,7 @@ def list_parts(arr: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray,
     the matching slice of the child values (a NumPy view where Arrow allows:
     uint8 for binary/string). Null rows have an empty range.
     """
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
+    arr = tensor_storage(arr)
     t = arr.type
     n = len(arr)
     valid = (
@@ -65,10 +73,68 @@ def list_parts(arr: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray,
     return values, offsets, valid
 
 
+def is_tensor(t: pa.DataType) -> bool:
+    """Whether ``t`` is Arrow's canonical ``fixed_shape_tensor`` extension type,
+    stored row-major (a tensor with a dimension permutation is not: reading its
+    storage as row-major would reorder every row, so it is no tensor here)."""
+    if not isinstance(t, pa.FixedShapeTensorType):
+        return False
+    perm = t.permutation
+    return not perm or list(perm) == sorted(perm)
+
+
+def tensor_type(value_type: pa.DataType, shape: tuple[int, ...] | list[int]) -> pa.DataType:
+    """``arrow.fixed_shape_tensor`` of ``value_type`` with per-row ``shape`` (row-major)."""
+    return pa.fixed_shape_tensor(value_type, tuple(int(d) for d in shape))
+
+
+def tensor_storage(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """``arr`` as one chunk; a tensor column as its ``fixed_size_list`` storage (no copy)."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
+    if is_tensor(arr.type):
+        arr = arr.storage
+    return arr
+
+
+def fixed_shape(t: pa.DataType) -> tuple[int, ...] | None:
+    """The per-row shape of a tensor type or a (nested) ``fixed_size_list`` of
+    scalars, else None."""
+    if is_tensor(t):
+        return tuple(t.shape)
+    shape = []
+    while pa.types.is_fixed_size_list(t):
+        shape.append(t.list_size)
+        t = t.value_type
+    if not shape or pa.types.is_nested(t) or isinstance(t, pa.BaseExtensionType):
+        return None
+    return tuple(shape)
+
+
+def fixed_values(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """The leaf values of a tensor or (nested) ``fixed_size_list`` column, row-major,
+    honouring the slice offset (null rows keep their slots)."""
+    arr = tensor_storage(arr)
+    while pa.types.is_fixed_size_list(arr.type):
+        arr = _fsl_values(arr)
+    return arr
+
+
 def _fsl_values(arr: pa.FixedSizeListArray) -> pa.Array:
     # .values ignores the parent's slice offset; take the slice explicitly.
     size = arr.type.list_size
     return arr.values.slice(arr.offset * size, len(arr) * size)
+
+
+def rebuild_like(col: pa.Array, flat: pa.Array) -> pa.Array:
+    """The fixed-size list or tensor column ``col``'s shape and nulls around new
+    row-major leaf values ``flat`` (any value type)."""
+    storage = tensor_storage(col)
+    mask = storage.is_null() if storage.null_count else None
+    fsl = pa.FixedSizeListArray.from_arrays(flat, storage.type.list_size, mask=mask)
+    if is_tensor(col.type):
+        return pa.ExtensionArray.from_storage(with_value_type(col.type, flat.type), fsl)
+    return fsl
 
 
 _INT32 = pa.int32()
@@ -100,6 +166,19 @@ def make_fixed(
     return pa.FixedSizeListArray.from_arrays(
         pa.array(np.ascontiguousarray(values).reshape(-1), type=value_type), size, mask=mask
     )
+
+
+def make_tensor(
+    values: np.ndarray,
+    shape: tuple[int, ...],
+    valid: np.ndarray | None = None,
+    value_type: pa.DataType = _INT32,
+) -> pa.ExtensionArray:
+    """An ``arrow.fixed_shape_tensor`` column from a dense ``(n, *shape)`` array
+    (or its flat values); null rows where not ``valid``."""
+    size = int(np.prod(shape, dtype=np.int64))
+    storage = make_fixed(values, size, valid, value_type)
+    return pa.ExtensionArray.from_storage(tensor_type(value_type, shape), storage)
 
 
 def segment_arange(lengths: np.ndarray) -> np.ndarray:
@@ -138,12 +217,15 @@ def failing_rows(arr: pa.Array, fn) -> np.ndarray:
 
 
 def list_like(t: pa.DataType) -> bool:
-    """Whether ``t`` is a list, large list or fixed-size list type."""
-    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+    """Whether ``t`` is a list, large list, fixed-size list or tensor type."""
+    return (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+            or is_tensor(t))
 
 
 def with_value_type(t: pa.DataType, value_type: pa.DataType) -> pa.DataType:
-    """The list type ``t`` (same list kind) with ``value_type`` elements."""
+    """The list or tensor type ``t`` (same kind and shape) with ``value_type`` elements."""
+    if is_tensor(t):
+        return tensor_type(value_type, t.shape)
     if pa.types.is_fixed_size_list(t):
         return pa.list_(value_type, t.list_size)
     if pa.types.is_large_list(t):

@@ -9,7 +9,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from slicefeed.transforms._arrays import list_like, list_parts, with_value_type
+from slicefeed.transforms._arrays import (
+    fixed_values,
+    is_tensor,
+    list_like,
+    list_parts,
+    rebuild_like,
+    with_value_type,
+)
 from slicefeed.transforms._contract import Transform
 from slicefeed.transforms._hashing import hash64
 
@@ -159,7 +166,7 @@ class Vocabulary(Transform):
         def partial(batch: pa.Table) -> pa.Table:
             c = batch.column(col)
             if list_like(c.type):
-                c = pc.list_flatten(c)
+                c = _flat(c.filter(pc.is_valid(c)) if c.null_count else c)
             t = pa.table({"v": c}).filter(pc.is_valid(c))
             g = t.group_by("v", use_threads=False).aggregate([([], "count_all")])
             return g.select(["v", "count_all"]).rename_columns(["v", "n"])
@@ -198,7 +205,7 @@ class Vocabulary(Transform):
         if isinstance(col, pa.ChunkedArray):
             col = col.combine_chunks()
         is_list = list_like(col.type)
-        vals = col.flatten() if is_list else col
+        vals = _flat(col) if is_list else col
         vset = pa.array(list(self.vocab), type=vals.type) if self.vocab else pa.array([], vals.type)  # type: ignore[arg-type]
         idx = pc.index_in(vals, value_set=vset)
         ids = pc.if_else(
@@ -223,11 +230,21 @@ def _merge_counts(tables: list[pa.Table | None]) -> pa.Table | None:
     return g.select(["v", "n_sum"]).rename_columns(["v", "n"])
 
 
+def _flat(col: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """The values of a list column's rows (a fixed-size list's or tensor's null
+    rows keep their slots, so :func:`_rebuild_list` can put them back)."""
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    if pa.types.is_fixed_size_list(col.type) or is_tensor(col.type):
+        return fixed_values(col)
+    return col.flatten()
+
+
 def _rebuild_list(col: pa.Array, flat_ids: pa.Array) -> pa.Array:
     """``col``'s list structure around new flattened values."""
     t = col.type
-    if pa.types.is_fixed_size_list(t):
-        return pa.FixedSizeListArray.from_arrays(flat_ids, t.list_size, mask=col.is_null() if col.null_count else None)
+    if pa.types.is_fixed_size_list(t) or is_tensor(t):
+        return rebuild_like(col, flat_ids)
     _, offsets, valid = list_parts(col)
     cls = pa.LargeListArray if pa.types.is_large_list(t) else pa.ListArray
     otype = pa.int64() if pa.types.is_large_list(t) else pa.int32()

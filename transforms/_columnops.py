@@ -11,7 +11,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from slicefeed.connectors import ERROR_COLUMN, RESERVED_COLUMNS, short_repr
-from slicefeed.transforms._arrays import failing_rows, list_like, with_value_type
+from slicefeed.transforms._arrays import (
+    failing_rows,
+    fixed_values,
+    is_tensor,
+    list_like,
+    tensor_storage,
+    with_value_type,
+)
 from slicefeed.transforms._badrecords import mark_errors
 from slicefeed.transforms._contract import Transform
 from slicefeed.transforms._dtypes import BFLOAT16, bfloat16_field, parse_type, to_bfloat16_bits
@@ -134,7 +141,7 @@ class Cast(Transform):
             src = self._require(schema, col, arg="columns")
             target, bf16 = self._target(col, src)
             try:
-                pc.cast(pa.array([], src), target)
+                pc.cast(pa.array([], _storage_type(src)), _storage_type(target))
             except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
                 raise self._spec_error(
                     f"cannot cast column {col!r} from {src} to {self.columns[col]}"
@@ -164,6 +171,11 @@ class Cast(Transform):
             i = table.schema.get_field_index(col)
             arr = table.column(i).combine_chunks()
             target, bf16 = self._target(col, arr.type)
+            # A tensor column is cast through its fixed_size_list storage: the
+            # shape stays, only the value type changes.
+            tensor = target if is_tensor(target) else None
+            if tensor is not None:
+                arr, target = tensor_storage(arr), target.storage_type
             try:
                 out = pc.cast(arr, target)
             except (pa.ArrowInvalid, OverflowError):
@@ -174,14 +186,22 @@ class Cast(Transform):
                 out = pc.cast(pc.if_else(pa.array(bad), pa.nulls(len(arr), arr.type), arr), target)
             if bf16:
                 out = _to_bf16(out)
-            table = table.set_column(i, self._out_field(col, out.type if not bf16 else target, bf16), out)
+            if tensor is not None:
+                out = pa.ExtensionArray.from_storage(
+                    with_value_type(tensor, out.type.value_type), out
+                )
+            table = table.set_column(i, self._out_field(col, out.type, bf16), out)
         return mark_errors(table, bad_all, reasons)
+
+
+def _storage_type(t: pa.DataType) -> pa.DataType:
+    return t.storage_type if is_tensor(t) else t
 
 
 def _to_bf16(arr: pa.Array) -> pa.Array:
     """float32 (or list of float32) -> uint16 bit patterns, keeping nulls and offsets."""
     if list_like(arr.type):
-        values = arr.values if not pa.types.is_fixed_size_list(arr.type) else arr.flatten()
+        values = arr.values if not pa.types.is_fixed_size_list(arr.type) else fixed_values(arr)
         bits = _to_bf16(values)
         if pa.types.is_fixed_size_list(arr.type):
             return pa.FixedSizeListArray.from_arrays(bits, arr.type.list_size, mask=arr.is_null())

@@ -39,12 +39,35 @@ from slicefeed.connectors import (
     printable,
     short_repr,
 )
+from slicefeed.transforms._arrays import is_tensor
 from slicefeed.transforms._registry import default_of, plain, register
 
 if typing.TYPE_CHECKING:  # pragma: no cover
     import ray.data
 
-__all__ = ["Transform"]
+__all__ = ["DatasetTasks", "Transform"]
+
+
+class DatasetTasks:
+    """How a dataset-level transform hands its per-batch functions to Ray Data.
+
+    :meth:`Transform.dataset_op` applies every function through these
+    methods, so that the runner decides the task options (a pipeline bounds
+    the reruns of a task whose worker process died) and may wrap the
+    function (a pipeline records which input files a task holds, to name
+    them if its worker dies). ``what`` names the step in such messages. This
+    base applies the functions plainly.
+    """
+
+    def map_batches(self, ds: ray.data.Dataset, fn: Any, *, what: str,
+                    **kwargs: Any) -> ray.data.Dataset:
+        """``ds.map_batches(fn, **kwargs)`` under the runner's policy."""
+        return ds.map_batches(fn, **kwargs)
+
+    def map_groups(self, grouped: Any, fn: Any, *, what: str, **kwargs: Any) -> ray.data.Dataset:
+        """``grouped.map_groups(fn, **kwargs)`` (``grouped`` from ``ds.groupby``) under
+        the runner's policy."""
+        return grouped.map_groups(fn, **kwargs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,14 +145,18 @@ class Transform:
         """
         return self
 
-    def dataset_op(self, ds: ray.data.Dataset) -> ray.data.Dataset:
+    def dataset_op(self, ds: ray.data.Dataset, *, tasks: DatasetTasks | None = None
+                   ) -> ray.data.Dataset:
         """Dataset-level form of the transform (``is_dataset_op`` transforms only).
 
-        The pipeline calls ``ds = t.dataset_op(ds)`` instead of
+        The pipeline calls ``ds = t.dataset_op(ds, tasks=...)`` instead of
         ``ds.map_batches(t, batch_format="pyarrow")`` when ``t.is_dataset_op``
         is true (e.g. :class:`Deduplicate`, which needs to see all rows).
+        Every function applied to the rows goes through ``tasks`` (default:
+        plain :class:`DatasetTasks`).
         """
-        return ds.map_batches(self, batch_format="pyarrow", zero_copy_batch=True)
+        return (tasks or DatasetTasks()).map_batches(
+            ds, self, what=f"transform {self.name}", batch_format="pyarrow", zero_copy_batch=True)
 
     # -- spec round trip ----------------------------------------------------
 
@@ -203,14 +230,19 @@ _KINDS = {
     "floating": pa.types.is_floating,
     "numeric": lambda t: pa.types.is_integer(t) or pa.types.is_floating(t),
     "boolean": pa.types.is_boolean,
-    "list": lambda t: pa.types.is_list(t)
-    or pa.types.is_large_list(t)
-    or pa.types.is_fixed_size_list(t),
-    "list<integer>": lambda t: (
-        pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
-    )
-    and pa.types.is_integer(t.value_type),
+    "list": lambda t: _is_list(t),
+    "list<integer>": lambda t: _is_list(t) and pa.types.is_integer(t.value_type),
 }
+
+
+def _is_list(t: pa.DataType) -> bool:
+    # A one-dimensional tensor column is the fixed-size list's successor layout.
+    return (
+        pa.types.is_list(t)
+        or pa.types.is_large_list(t)
+        or pa.types.is_fixed_size_list(t)
+        or (is_tensor(t) and len(t.shape) == 1)
+    )
 
 
 def _is_kind(t: pa.DataType, kind: str) -> bool:

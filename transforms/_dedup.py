@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from slicefeed.connectors import PROVENANCE_FILE, PROVENANCE_ROW, RESERVED_COLUMNS
 from slicefeed.transforms._categorical import is_hashable
-from slicefeed.transforms._contract import Transform
+from slicefeed.transforms._contract import DatasetTasks, Transform
 from slicefeed.transforms._hashing import hash64, mix64
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -79,7 +79,9 @@ class Deduplicate(Transform):
         keep = np.sort(firsts.column("__sf_idx_min").to_numpy())
         return table.take(pa.array(keep))
 
-    def dataset_op(self, ds: ray.data.Dataset) -> ray.data.Dataset:
+    def dataset_op(self, ds: ray.data.Dataset, *, tasks: DatasetTasks | None = None
+                   ) -> ray.data.Dataset:
+        tasks = tasks or DatasetTasks()
         keys_hash = self._key_hash
 
         def add_key(batch: pa.Table) -> pa.Table:
@@ -92,6 +94,8 @@ class Deduplicate(Transform):
 
         # Group by a 64-bit hash of the keys (one scalar, nulls allowed); exact
         # comparison of the real key columns happens within each group.
-        return ds.map_batches(add_key, batch_format="pyarrow").groupby("__sf_key").map_groups(
-            per_group, batch_format="pyarrow"
-        )
+        keyed = tasks.map_batches(ds, add_key, what=f"transform {self.name} (hashing the keys)",
+                                  batch_format="pyarrow")
+        return tasks.map_groups(keyed.groupby("__sf_key"), per_group,
+                                what=f"transform {self.name} (one row per key)",
+                                batch_format="pyarrow")

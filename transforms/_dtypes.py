@@ -78,3 +78,19 @@ def as_bfloat16(bits: np.ndarray) -> np.ndarray:
     import ml_dtypes
 
     return np.asarray(bits).view(ml_dtypes.bfloat16)
+
+
+def type_label(field: pa.Field) -> str:
+    """A field's type as ``slicefeed validate`` and ``inspect`` print it.
+
+    A tensor column reads ``fixed_shape_tensor<int32>[2048]`` (value type,
+    then the per-row shape), and a bfloat16 column names its convention:
+    ``fixed_shape_tensor<uint16 (bfloat16 bits)>[224,224,3]``. Other types
+    print as Arrow prints them.
+    """
+    t = field.type
+    bf16 = is_bfloat16_field(field)
+    if isinstance(t, pa.FixedShapeTensorType):
+        value = f"{t.value_type} (bfloat16 bits)" if bf16 else str(t.value_type)
+        return f"fixed_shape_tensor<{value}>[{','.join(str(d) for d in t.shape)}]"
+    return f"{t} (bfloat16 bits)" if bf16 else str(t)

@@ -6,10 +6,13 @@ Two column layouts carry images between transforms:
   ``struct<height: int32, width: int32, pixels: list<fixed_size_list<uint8>[C]>>``
   (HWC, row-major; C, the channel count, is part of the type).
 - **fixed** (after an exact :class:`Resize`, a crop, or :class:`NormalizeImage`):
-  ``fixed_size_list<fixed_size_list<fixed_size_list<T>[C]>[W]>[H]``, a static
-  HWC shape in the type; a batch's values buffer is one dense ``(B, H, W, C)``
-  array (zero-copy ``reshape``). ``T`` is uint8, float32, or uint16 holding
-  bfloat16 bits (field metadata ``slicefeed.dtype: bfloat16``).
+  ``arrow.fixed_shape_tensor`` of ``T`` with shape ``(H, W, C)``, a static HWC
+  shape in the type; a batch's values buffer is one dense ``(B, H, W, C)``
+  array (zero-copy ``reshape``), and Ray Data reads it as that array. ``T`` is
+  uint8, float32, or uint16 holding bfloat16 bits (field metadata
+  ``slicefeed.dtype: bfloat16``). The nested
+  ``fixed_size_list<fixed_size_list<fixed_size_list<T>[C]>[W]>[H]`` layout
+  written before is read as the same fixed layout.
 
 Decoding and resampling call Pillow once per image (images differ in size);
 crops, flips and normalisation of fixed-size images are vectorised NumPy.
@@ -32,6 +35,7 @@ import numpy as np
 import pyarrow as pa
 
 from slicefeed.connectors import PROVENANCE_FILE, PROVENANCE_ROW, short_repr
+from slicefeed.transforms._arrays import fixed_values, is_tensor, make_tensor, tensor_type
 from slicefeed.transforms._badrecords import mark_errors
 from slicefeed.transforms._contract import Transform
 from slicefeed.transforms._dtypes import bfloat16_field, to_bfloat16_bits
@@ -55,7 +59,7 @@ def variable_type(channels: int) -> pa.DataType:
 
 def fixed_type(h: int, w: int, c: int, value_type: pa.DataType | None = None) -> pa.DataType:
     """Arrow type of a fixed ``(h, w, c)`` image column (uint8 unless ``value_type``)."""
-    return pa.list_(pa.list_(pa.list_(value_type or pa.uint8(), c), w), h)
+    return tensor_type(value_type or pa.uint8(), (h, w, c))
 
 
 def image_layout(t: pa.DataType) -> tuple[str, tuple[int, ...] | None, int, pa.DataType] | None:
@@ -64,6 +68,9 @@ def image_layout(t: pa.DataType) -> tuple[str, tuple[int, ...] | None, int, pa.D
         px = t.field("pixels").type
         if pa.types.is_list(px) and pa.types.is_fixed_size_list(px.value_type):
             return "variable", None, px.value_type.list_size, px.value_type.value_type
+    if is_tensor(t) and len(t.shape) == 3:
+        h, w, c = t.shape
+        return "fixed", (h, w), c, t.value_type
     if (
         pa.types.is_fixed_size_list(t)
         and pa.types.is_fixed_size_list(t.value_type)
@@ -87,7 +94,7 @@ def read_images(col: pa.Array | pa.ChunkedArray) -> tuple[Any, np.ndarray]:
     kind, hw, c, _ = layout
     if kind == "fixed":
         h, w = hw
-        flat = col.values.slice(col.offset * h, n * h).flatten().flatten()
+        flat = fixed_values(col)
         return flat.to_numpy(zero_copy_only=False).reshape(n, h, w, c), valid
     hs = col.field("height").fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
     ws = col.field("width").fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
@@ -126,12 +133,7 @@ def write_variable(images: Sequence[np.ndarray | None], channels: int) -> pa.Arr
 
 def write_fixed(images: np.ndarray, valid: np.ndarray, value_type: pa.DataType) -> pa.Array:
     """A fixed-layout column from a dense ``(B, H, W, C)`` array."""
-    _, h, w, c = images.shape
-    vals = pa.array(np.ascontiguousarray(images).reshape(-1), type=value_type)
-    inner = pa.FixedSizeListArray.from_arrays(vals, c)
-    row = pa.FixedSizeListArray.from_arrays(inner, w)
-    mask = None if valid.all() else pa.array(~valid)
-    return pa.FixedSizeListArray.from_arrays(row, h, mask=mask)
+    return make_tensor(images, images.shape[1:], valid, value_type)
 
 
 def _set(table: pa.Table, name: str, arr: pa.Array, field: pa.Field | None = None) -> pa.Table:
@@ -857,8 +859,10 @@ class RandomFlip(_ImageTransform):
         return seeded_copy(self, seed)
 
     def output_schema(self, schema: pa.Schema) -> pa.Schema:
-        self._layout(schema)
+        kind, hw, c, _ = self._layout(schema)
         _require_identity(self, schema)
+        if kind == "fixed":  # an older fixed_size_list image comes out as a tensor
+            return _set_schema(schema, pa.field(self.column, fixed_type(*hw, c)))
         return schema
 
     def __call__(self, table: pa.Table) -> pa.Table:

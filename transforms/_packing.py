@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 
 from slicefeed.connectors import ERROR_COLUMN, PROVENANCE_FILE, PROVENANCE_ROW
-from slicefeed.transforms._arrays import list_parts, make_fixed, segment_arange
+from slicefeed.transforms._arrays import list_parts, make_tensor, segment_arange, tensor_type
 from slicefeed.transforms._contract import Transform
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -104,7 +104,9 @@ def packing_efficiency(segment_ids: np.ndarray) -> float:
 class PackSequences(Transform):
     """Packs variable-length token lists into rows of exactly ``seq_len`` tokens.
 
-    Output columns (each ``fixed_size_list<int32>[seq_len]``): ``tokens``,
+    Output columns (each an ``arrow.fixed_shape_tensor`` of int32, shape
+    ``(seq_len,)``: a dense ``(rows, seq_len)`` array for Arrow, NumPy and Ray
+    Data consumers alike): ``tokens``,
     ``segment_ids`` (1, 2, ... per sequence in the row; 0 = padding) and
     ``positions`` (0, 1, ... restarting at each segment). Other columns are
     dropped, except ``_sf_file``/``_sf_row`` of each row's first segment.
@@ -125,7 +127,8 @@ class PackSequences(Transform):
     (``overflow: truncate``). Null lists mark their row bad.
 
     Args:
-        column: Input ``list<int>`` column.
+        column: Input ``list<int>`` column (a ``fixed_size_list`` or
+            one-dimensional tensor column is read the same way).
         seq_len: Output row length.
         strategy: ``first_fit``, ``best_fit`` or ``concat``.
         overflow: ``split`` or ``truncate``.
@@ -153,7 +156,7 @@ class PackSequences(Transform):
             )
 
     def _out_fields(self) -> list[pa.Field]:
-        t = pa.list_(pa.int32(), self.seq_len)
+        t = tensor_type(pa.int32(), (self.seq_len,))
         fs = [pa.field("tokens", t), pa.field("segment_ids", t), pa.field("positions", t)]
         if self.overflow == "truncate":
             fs.append(pa.field("truncated_tokens", pa.int32()))
@@ -230,9 +233,9 @@ class PackSequences(Transform):
         seg[content] = np.repeat(seg_no[order].astype(np.int32), lens_o)
         pos[content] = it - np.repeat(starts_o, lens_o)
         cols: dict[str, pa.Array] = {
-            "tokens": make_fixed(tokens, S),
-            "segment_ids": make_fixed(seg, S),
-            "positions": make_fixed(pos, S),
+            "tokens": make_tensor(tokens, (S,)),
+            "segment_ids": make_tensor(seg, (S,)),
+            "positions": make_tensor(pos, (S,)),
         }
         # Each output row's first segment names its provenance.
         first_row = np.zeros(n_bins, np.int64)

@@ -15,9 +15,10 @@ from slicefeed.connectors import SpecError, short_repr
 from slicefeed.transforms._arrays import (
     failing_rows,
     list_parts,
-    make_fixed,
     make_list,
+    make_tensor,
     segment_arange,
+    tensor_type,
 )
 from slicefeed.transforms._badrecords import mark_errors
 from slicefeed.transforms._contract import Transform
@@ -281,9 +282,13 @@ class Tokenize(Transform):
 class PadOrTruncate(Transform):
     """Pads or truncates a list column to a fixed length.
 
-    Output: ``fixed_size_list<T>[length]`` (T the input's value type), plus
-    ``<output>_length`` (int32, number of real values kept) and, with
-    ``mask: true``, ``<output>_mask`` (``fixed_size_list<bool>[length]``).
+    Output: an ``arrow.fixed_shape_tensor`` of T (the input's value type) and
+    shape ``(length,)``, plus ``<output>_length`` (int32, number of real values
+    kept) and, with ``mask: true``, ``<output>_mask`` (a tensor of uint8, shape
+    ``(length,)``, 1 where a real value was kept: Arrow packs booleans into
+    bits, which a tensor cannot hold, and Ray Data fails on a bool tensor
+    column). The input may be any list column, including a
+    ``fixed_size_list`` or one-dimensional tensor column.
     A null list marks its row bad.
 
     Args:
@@ -323,11 +328,11 @@ class PadOrTruncate(Transform):
         return self.output or self.column
 
     def _fields(self, value_type: pa.DataType) -> list[pa.Field]:
-        fs = [pa.field(self.out, pa.list_(value_type, self.length))]
+        fs = [pa.field(self.out, tensor_type(value_type, (self.length,)))]
         if self.lengths:
             fs.append(pa.field(f"{self.out}_length", pa.int32()))
         if self.mask:
-            fs.append(pa.field(f"{self.out}_mask", pa.list_(pa.bool_(), self.length)))
+            fs.append(pa.field(f"{self.out}_mask", tensor_type(pa.uint8(), (self.length,))))
         return fs
 
     def output_schema(self, schema: pa.Schema) -> pa.Schema:
@@ -368,13 +373,13 @@ class PadOrTruncate(Transform):
             dst = np.repeat(np.arange(n) * L + (L - keep), keep) + within
         out[dst] = values[src]
         fields = self._fields(value_type)
-        arrays = [make_fixed(out, L, None, value_type)]
+        arrays = [make_tensor(out, (L,), None, value_type)]
         if self.lengths:
             arrays.append(pa.array(keep.astype(np.int32)))
         if self.mask:
-            m = np.zeros(n * L, dtype=bool)
-            m[dst] = True
-            arrays.append(make_fixed(m, L, None, pa.bool_()))
+            m = np.zeros(n * L, dtype=np.uint8)
+            m[dst] = 1
+            arrays.append(make_tensor(m, (L,), None, pa.uint8()))
         for f, a in zip(fields, arrays):
             if f.name in table.column_names:
                 table = table.set_column(table.column_names.index(f.name), f, a)

@@ -252,6 +252,16 @@ def plan_columns(
             if not x64 and _is_wide(native):
                 raise _x64_error(c, f"is {leaf}")
         pad_value = _pad_value(c, pad_values.get(c, 0), out_dtype)
+        perm = getattr(t, "permutation", None)
+        if isinstance(t, pa.FixedShapeTensorType) and perm and list(perm) != sorted(perm):
+            # Its values are stored in another dimension order than its shape:
+            # a reshape of the buffer would silently reorder every row.
+            raise SpecError(
+                f"JaxLoader: column {c!r} is a tensor stored with dimension permutation "
+                f"{list(perm)} ({t}); only row-major tensors load as zero-copy views. "
+                f"Rewrite it row-major (e.g. a fixed_shape_tensor without permutation) "
+                f"in the pipeline, or exclude it."
+            )
         tshape = _tensor_shape(t)
         if tshape is not None:
             specs.append(

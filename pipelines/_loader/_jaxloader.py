@@ -19,9 +19,12 @@ from slicefeed.pipelines._loader._prefetch import Runtime
 from slicefeed.pipelines._loader._produce import Producer, Stats
 from slicefeed.pipelines._loader._sources import ManifestSource, ReadContext, make_source
 
-#: Version 3: committed datasets are read in row-group windows (another row
-#: order than version 2's file windows), so a version-2 state cannot resume exactly.
-STATE_VERSION = 3
+#: Version 4: the host layout ("hosts") and the epoch's earlier layouts ("stages")
+#: are recorded apart from the plan, so a committed dataset resumes on other hosts
+#: (a version-3 state is upgraded). Version 3: committed datasets are read in
+#: row-group windows (another row order than version 2's file windows), so a
+#: version-2 state cannot resume exactly.
+STATE_VERSION = 4
 # Rows per read window of a committed dataset when not shuffling: ~32 MB of decoded
 # rows per read (benchmarks/loader.py: 64 MB of *compressed* Parquet made the first
 # window 4x larger and multiplied the time to first batch).
@@ -50,9 +53,14 @@ class JaxLoader:
     - ``prefetch=N`` keeps at most N batches on the devices ahead of the
       consumer (``0``: produce in the consumer's thread). A producer error is
       re-raised by every later ``next()`` with its original traceback.
-    - ``state_dict()`` is the position of the next batch the consumer gets;
-      ``state=`` resumes there exactly, and refuses a state saved for other
-      data or configuration, naming every key that differs.
+    - ``state_dict()`` is the position of the next batch the consumer gets
+      (the same on every host); ``state=`` resumes there exactly, and refuses a
+      state saved for other data or configuration, naming every key that
+      differs. For a committed dataset the state may come from another number
+      of hosts (same ``global_batch_size``): what the old hosts had left of the
+      epoch is re-split among the new ones, so over the epoch every row is
+      still delivered once (``"pad"``; ``"drop"`` drops at most one batch per
+      host at its end), and later epochs are planned for the new hosts.
     - ``close()`` (or dropping the last reference) stops reading and frees the
       prefetched batches within about a second.
     - Loaders must be created in the same order on every host (multi-host
@@ -149,7 +157,17 @@ class JaxLoader:
             host_local=host_local,
         )
         self.options = opts
-        placement = Placement(opts.global_batch_size, mesh=mesh, partition_spec=partition_spec)
+        try:
+            placement = Placement(opts.global_batch_size, mesh=mesh, partition_spec=partition_spec)
+        except SpecError as e:
+            hosts = state.get("hosts") if isinstance(state, Mapping) else None
+            if isinstance(hosts, Mapping) and hosts.get("process_count") != jax.process_count():
+                raise SpecError(
+                    f"{e} (That size is for a fresh start: the state being resumed was saved "
+                    f"on {_short(hosts.get('process_count'))} host(s), and a resumed run keeps "
+                    "its global_batch_size, so resume it on a host count whose devices split it.)"
+                ) from None
+            raise
         self.global_batch_size = placement.global_batch_size
         self.local_batch_size = lb = placement.local_batch_size
         self.process_count = placement.process_count
@@ -163,7 +181,9 @@ class JaxLoader:
             process_count=self.process_count,
             host_local=opts.host_local,
             first_read=None if opts.shuffle else (lb, opts.ray_prefetch_batches),
+            version=_state_dataset_version(state),
         )
+        self._source = src
         specs = plan_columns(
             src.schema(),
             columns=list(opts.columns) if opts.columns is not None else None,
@@ -216,13 +236,19 @@ class JaxLoader:
         self._plan = {
             **src.fingerprint(),
             "global_batch_size": self.global_batch_size,
-            "process_count": self.process_count,
             "remainder": opts.remainder,
             "shuffle": opts.shuffle,
-            "window_rows": self.window_rows if isinstance(src, ManifestSource) else None,
             "columns": [s.name for s in specs],
         }
+        # The host layout: may differ in a resumed state (committed datasets only).
+        self._hosts = {
+            "process_count": self.process_count,
+            "local_batch_size": lb,
+            "window_rows": self.window_rows if isinstance(src, ManifestSource) else None,
+        }
         self._epoch, self._step = 0, 0
+        # An epoch resumed on another layout: (epoch, its earlier stages, this host's plan).
+        self._resumed: tuple[int, list[_plan.Stage], _plan.ElasticEpoch] | None = None
         if state is not None:
             self._load_state(state)
 
@@ -268,7 +294,8 @@ class JaxLoader:
         """A fresh producer runtime from the current position (nothing refers back
         to the loader, so a dropped loader is collected and its finalizer runs)."""
         stop = threading.Event()  # per runtime: an old producer never restarts
-        producer = self._producer.restarted(stop)
+        resumed = (self._resumed[0], self._resumed[2]) if self._resumed else None
+        producer = self._producer.restarted(stop, resumed)
         start = (self._epoch, self._step)
         self._runtime = Runtime(lambda: producer.items(*start), self.options.prefetch, stop)
         self._finalizer = weakref.finalize(self, self._runtime.close)
@@ -304,13 +331,21 @@ class JaxLoader:
     # ------------------------------------------------------------------ public
 
     def state_dict(self) -> dict:
-        """Small JSON-serialisable state: position of the next batch the consumer gets."""
+        """Small JSON-serialisable state: position of the next batch the consumer gets.
+
+        The same on every host: the data and configuration (``plan``), the host
+        layout (``hosts``), the position (``epoch``, ``step``) and, in an epoch
+        resumed on another layout, the epoch's earlier layouts (``stages``).
+        """
+        stages = self._resumed[1] if self._resumed and self._resumed[0] == self._epoch else []
         return {
             "version": STATE_VERSION,
             "epoch": self._epoch,
             "step": self._step,
             "seed": self.seed,
             "plan": dict(self._plan),
+            "hosts": dict(self._hosts),
+            "stages": [dataclasses.asdict(st) for st in stages],
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -326,7 +361,8 @@ class JaxLoader:
 
     def __len__(self) -> int:
         """Steps per epoch, when known before reading (committed datasets, Datasets
-        whose row count Ray knows from metadata).
+        whose row count Ray knows from metadata). The rest of an epoch resumed
+        from a state saved on another host layout has fewer steps.
 
         Raises:
             TypeError: the count is only found while reading (the hosts agree
@@ -410,6 +446,11 @@ class JaxLoader:
     # ------------------------------------------------------------------ state
 
     def _load_state(self, state: Mapping[str, Any]) -> None:
+        if not isinstance(state, Mapping):
+            raise SpecError(
+                f"JaxLoader: state is a {type(state).__name__}, not a mapping; pass a "
+                "state_dict()."
+            )
         if state.get("version") == 2:
             raise SpecError(
                 "JaxLoader: this state (version 2) was saved by an older slicefeed that read "
@@ -417,10 +458,14 @@ class JaxLoader:
                 f"version (state version {STATE_VERSION}). Start the loader without state= "
                 "at the saved epoch boundary, or finish the run with the older slicefeed."
             )
+        if state.get("version") == 3:
+            state = self._upgrade_v3(state)
         if state.get("version") != STATE_VERSION:
             raise SpecError(
-                f"JaxLoader: state version {state.get('version')!r} is not supported "
-                f"(expected {STATE_VERSION})."
+                f"JaxLoader: state version {_short(state.get('version'))} is not supported "
+                f"(this slicefeed reads versions 3 and {STATE_VERSION}); start from the "
+                "beginning of an epoch (state=None) or resume with the slicefeed version "
+                "that saved it."
             )
         if state.get("seed") != self.seed:
             raise SpecError(
@@ -445,16 +490,110 @@ class JaxLoader:
                 + "; resume with the same data and configuration."
             )
         epoch, step = state.get("epoch"), state.get("step")
-        if not (isinstance(epoch, int) and isinstance(step, int) and epoch >= 0 and step >= 0) or (
-            self.steps_per_epoch is not None and step >= self.steps_per_epoch
-        ):
+        if not (_count(epoch) and _count(step)):
+            raise SpecError(
+                f"JaxLoader: state position epoch={_short(epoch)}, step={_short(step)} is not "
+                "valid (non-negative integers expected)."
+            )
+        hosts = _layout(state.get("hosts"), "hosts", steps=False)
+        stages = state.get("stages")
+        if not isinstance(stages, list):
+            raise SpecError(f"JaxLoader: state key 'stages' is {_short(stages)}, expected a list.")
+        stages = [
+            _plan.Stage(**_layout(st, f"stages[{i}]", steps=True)) for i, st in enumerate(stages)
+        ]
+        same = hosts == self._hosts
+        if not isinstance(self._source, ManifestSource):
+            if not same or stages:
+                raise SpecError(
+                    f"JaxLoader: state was saved with hosts={hosts!r}, this loader has "
+                    f"hosts={self._hosts!r}; only a committed dataset (its URI) resumes on "
+                    "another host layout. Resume on the same hosts and global_batch_size."
+                )
+        elif not same and (step or stages):
+            # What the saved layout delivered stays delivered: the rest of the epoch
+            # is re-split among this layout's hosts.
+            stages = [*stages, _plan.Stage(**hosts, steps=step)]
+            step = 0
+        resumed = None
+        steps = self.steps_per_epoch
+        if stages:
+            try:
+                plan = _plan.elastic_epoch(
+                    self._source.units, seed=self.seed, epoch=epoch, shuffle=self.shuffle,
+                    remainder=self.remainder, stages=stages, process_count=self.process_count,
+                    process_index=self.process_index, local_batch_size=self.local_batch_size,
+                )
+            except ValueError as e:
+                raise SpecError(f"JaxLoader: state is not valid for this dataset: {e}.") from None
+            resumed, steps = (epoch, stages, plan), plan.steps
+            if step == 0 and plan.steps == 0:  # nothing left to deliver in this epoch
+                resumed, epoch, steps = None, epoch + 1, self.steps_per_epoch
+        if steps is not None and step >= steps:
             raise SpecError(
                 f"JaxLoader: state position epoch={epoch!r}, step={step!r} is not valid for "
-                f"this loader ({self.steps_per_epoch} steps per epoch)."
+                f"this loader ({steps} steps in that epoch)."
             )
-        self._epoch, self._step = epoch, step
+        self._epoch, self._step, self._resumed = epoch, step, resumed
+
+    def _upgrade_v3(self, state: Mapping[str, Any]) -> dict:
+        """A version-3 state as version 4: its plan held the host count and window
+        size (the local batch is the global batch over the hosts) and no dataset
+        version (the file list in the fingerprint still identifies the data)."""
+        plan = state.get("plan")
+        if not isinstance(plan, Mapping):
+            return dict(state)  # refused by the plan check
+        plan = dict(plan)
+        hosts = {"process_count": plan.pop("process_count", None),
+                 "window_rows": plan.pop("window_rows", None)}
+        count, gbs = hosts["process_count"], plan.get("global_batch_size")
+        hosts["local_batch_size"] = gbs // count if _count(count) and count and _count(gbs) else None
+        if "dataset_version" in self._plan and "dataset_version" not in plan:
+            plan["dataset_version"] = self._plan["dataset_version"]
+        return {**state, "version": STATE_VERSION, "plan": plan, "hosts": hosts, "stages": []}
 
     def _advance(self, epoch: int, step: int) -> None:
+        steps = self.steps_per_epoch
+        if self._resumed is not None and self._resumed[0] == epoch:
+            steps = self._resumed[2].steps
         self._epoch, self._step = epoch, step + 1
-        if self.steps_per_epoch is not None and self._step >= self.steps_per_epoch:
+        if steps is not None and self._step >= steps:
             self._epoch, self._step = epoch + 1, 0
+
+
+def _short(value: Any) -> str:
+    """``repr(value)``, truncated (a state may be arbitrary user data)."""
+    r = repr(value)
+    return r if len(r) <= 80 else r[:77] + "..."
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+_LAYOUT_KEYS = ("process_count", "local_batch_size", "window_rows")
+
+
+def _layout(value: Any, key: str, *, steps: bool) -> dict:
+    """A state's host layout (``steps``: a stage, with the steps it took), checked."""
+    keys = _LAYOUT_KEYS + (("steps",) if steps else ())
+    if not isinstance(value, Mapping) or set(value) != set(keys):
+        raise SpecError(
+            f"JaxLoader: state key {key!r} is {_short(value)}; expected a mapping with keys "
+            f"{', '.join(keys)}. Pass a state_dict() of this slicefeed version."
+        )
+    for k in keys:
+        v = value[k]
+        ok = (v is None and k == "window_rows" and not steps) or (
+            _count(v) and (v > 0 or k == "steps")
+        )
+        if not ok:
+            raise SpecError(f"JaxLoader: state key {key}.{k} is {_short(v)}, not a valid count.")
+    return {k: value[k] for k in keys}
+
+
+def _state_dataset_version(state: Any) -> int | None:
+    """The committed-dataset version a state was saved on (a resumed loader opens it)."""
+    plan = state.get("plan") if isinstance(state, Mapping) else None
+    v = plan.get("dataset_version") if isinstance(plan, Mapping) else None
+    return v if _count(v) and v > 0 else None

@@ -7,8 +7,11 @@ Usage (with ``orbax-checkpoint``, the ``orbax`` extra)::
     mngr.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(abstract_state), loader=JaxLoaderRestore(loader)))
 
-Every process writes and reads its own small JSON file (``state_dict()``), so
-each host resumes its own position. Importing this module imports orbax.
+Every process writes and reads its own small JSON file (``state_dict()``, the
+same on every host). Restored on another number of processes, any saved file
+is used: a committed dataset's loader re-splits the rest of the epoch among
+the new hosts (other sources refuse another host count). Importing this
+module imports orbax.
 """
 
 from __future__ import annotations
@@ -44,10 +47,15 @@ class JaxLoaderCheckpointHandler(ocp.CheckpointHandler):
         loader = _item(item, args)
         path = directory / _name()
         if not path.exists():
-            raise FileNotFoundError(
-                f"JaxLoader: no loader state {path} in the checkpoint (saved with another "
-                "number of processes?)."
-            )
+            # Saved on another number of processes: every process saves the same
+            # state, and a committed dataset's loader resumes it on this layout.
+            saved = sorted(p for p in directory.glob("process_*-of-*.json"))
+            if not saved:
+                raise FileNotFoundError(
+                    f"JaxLoader: no loader state {path} in the checkpoint (it holds no "
+                    "process_*-of-*.json: was the loader saved in it?)."
+                )
+            path = saved[0]
         state = json.loads(path.read_text())
         loader.load_state_dict(state)
         return loader

@@ -12,6 +12,8 @@ property-tested).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 # A piece of a host's share: rows [lo, hi) of one file, inside one read unit.
@@ -195,3 +197,231 @@ def locate(share: list[Piece], window_rows: int, row: int, rng_of=None) -> Piece
             return (path, lo + pos, lo + pos + 1)
         pos -= hi - lo
     raise IndexError(row)  # pragma: no cover - row outside the share
+
+
+# --------------------------------------------------------------------------- elastic resume
+#
+# A committed dataset's epoch can be resumed on a different number of hosts.
+# Each host's epoch is described as a list of spans (rows of read windows in
+# delivery order). After some steps, what every host has left is concatenated
+# in host order and re-split into balanced shares for the new hosts; the spans
+# keep the windows and permutations they had, so no row is delivered twice and
+# none is lost. Each change of host count (or local batch, or window size)
+# within an epoch is a *stage*; a state records the earlier stages of its epoch.
+
+
+@dataclasses.dataclass(frozen=True)
+class Span:
+    """Rows ``[lo, hi)`` of one read window in delivery order: the window's rows
+    (its pieces concatenated) permuted by ``window_permutation(rng, ...)`` when
+    ``rng`` is set, else in piece order. Unshuffled spans are kept trimmed
+    (``lo == 0``, ``hi`` = rows of the pieces), so reading one reads only its rows."""
+
+    pieces: tuple[Piece, ...]
+    rng: tuple[int, ...] | None
+    lo: int
+    hi: int
+
+    @property
+    def rows(self) -> int:
+        return self.hi - self.lo
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """Part of an epoch taken on one host layout: ``steps`` steps of
+    ``local_batch_size`` rows on each of ``process_count`` hosts, windows of
+    ``window_rows`` (only the epoch's first stage cuts windows; later stages
+    read the spans they inherit)."""
+
+    process_count: int
+    local_batch_size: int
+    window_rows: int
+    steps: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ElasticEpoch:
+    """One host's resumed epoch: the spans it delivers (already cut to the rows
+    it delivers), the steps every host takes, and this host's share (rows it
+    delivers or drops)."""
+
+    spans: tuple[Span, ...]
+    steps: int
+    share: int
+
+
+def slice_pieces(share: list[Piece] | tuple[Piece, ...], start: int, stop: int) -> list[Piece]:
+    """Rows ``[start, stop)`` of the concatenation of ``share``."""
+    out = []
+    pos = 0
+    for p, lo, hi in share:
+        n = hi - lo
+        a, b = max(start - pos, 0), min(stop - pos, n)
+        if a < b:
+            out.append((p, lo + a, lo + b))
+        pos += n
+        if pos >= stop:
+            break
+    return out
+
+
+def span_order(span: Span) -> np.ndarray:
+    """Indices into the concatenation of ``span.pieces``, in delivery order."""
+    if span.rng is None:
+        return np.arange(span.lo, span.hi)
+    total = sum(hi - lo for _, lo, hi in span.pieces)
+    return window_permutation(list(span.rng), total)[span.lo:span.hi]
+
+
+def _span(pieces: list[Piece] | tuple[Piece, ...], rng, lo: int, hi: int) -> Span:
+    if rng is None:  # unshuffled: keep only the rows it delivers
+        return Span(tuple(slice_pieces(pieces, lo, hi)), None, 0, hi - lo)
+    return Span(tuple(pieces), tuple(rng), lo, hi)
+
+
+def cut_spans(spans: list[Span] | tuple[Span, ...], start: int, stop: int) -> list[Span]:
+    """Rows ``[start, stop)`` of the delivery stream of ``spans``."""
+    out = []
+    pos = 0
+    for s in spans:
+        a, b = max(start - pos, 0), min(stop - pos, s.rows)
+        if a < b:
+            out.append(_span(s.pieces, s.rng, s.lo + a, s.lo + b))
+        pos += s.rows
+        if pos >= stop:
+            break
+    return out
+
+
+def spans_rows(spans: list[Span] | tuple[Span, ...]) -> int:
+    return sum(s.rows for s in spans)
+
+
+def host_spans(
+    units: list[Piece],
+    *,
+    process_count: int,
+    process_index: int,
+    seed: int,
+    epoch: int,
+    shuffle: bool,
+    window_rows: int,
+    limit: int | None,
+) -> list[Span]:
+    """A host's whole epoch as spans, as the unresumed plan delivers it: the
+    windows of its share (cut at ``limit`` rows, the rows of the agreed steps),
+    then the rest of the share (rows the plan drops) in epoch order.
+
+    Must describe exactly what ``ManifestSource.tables`` reads without spans
+    (same share, windows and window seeds); change the two together
+    (``test_host_spans_deliver_what_the_unresumed_plan_delivers`` and the
+    exactly-once resume tests check it)."""
+    num_rows = sum(hi - lo for _, lo, hi in units)
+    order = epoch_unit_order(len(units), seed, epoch, shuffle)
+    start, stop = host_shares(num_rows, process_count)[process_index]
+    cut = stop if limit is None else min(stop, start + limit)
+    out = []
+    for k, w in enumerate(windows(pieces(units, order, start, cut), window_rows)):
+        rows = sum(hi - lo for _, lo, hi in w)
+        rng = window_rng(seed, epoch, process_index, k) if shuffle else None
+        out.append(_span(w, rng, 0, rows))
+    if cut < stop:
+        tail = pieces(units, order, cut, stop)
+        out.append(_span(tail, None, 0, stop - cut))
+    return out
+
+
+def resplit(rest: list[list[Span]], process_count: int) -> list[list[Span]]:
+    """What the old hosts have left (host order, each in its delivery order) as
+    balanced shares of ``process_count`` new hosts."""
+    flat = [s for spans in rest for s in spans]
+    total = spans_rows(flat)
+    return [cut_spans(flat, a, b) for a, b in host_shares(total, process_count)]
+
+
+def stage_spans(
+    units: list[Piece],
+    *,
+    seed: int,
+    epoch: int,
+    shuffle: bool,
+    remainder: str,
+    stages: list[Stage],
+    process_count: int,
+) -> list[list[Span]]:
+    """Every host's spans (undelivered rows included) for the stage that follows
+    ``stages`` (the epoch's earlier stages, oldest first; at least one), on
+    ``process_count`` hosts.
+
+    Raises:
+        ValueError: a stage took more steps than its plan has.
+    """
+    first = stages[0]
+    num_rows = sum(hi - lo for _, lo, hi in units)
+    shares = [b - a for a, b in host_shares(num_rows, first.process_count)]
+    steps = steps_for(shares, first.local_batch_size, remainder)
+    lists = [
+        host_spans(
+            units, process_count=first.process_count, process_index=h, seed=seed,
+            epoch=epoch, shuffle=shuffle, window_rows=first.window_rows,
+            limit=delivered_rows(shares[h], steps, first.local_batch_size, remainder),
+        )
+        for h in range(first.process_count)
+    ]
+    for i, st in enumerate(stages):
+        lb = st.local_batch_size
+        sizes = [spans_rows(spans) for spans in lists]
+        steps = steps_for(sizes, lb, remainder)
+        if st.steps > steps:
+            raise ValueError(
+                f"stage {i} took {st.steps} steps, but its plan has {steps} "
+                f"({st.process_count} hosts x {lb} rows)"
+            )
+        rest = [
+            cut_spans(spans, min(st.steps * lb, delivered_rows(n, steps, lb, remainder)), n)
+            for spans, n in zip(lists, sizes)
+        ]
+        nxt = stages[i + 1].process_count if i + 1 < len(stages) else process_count
+        lists = resplit(rest, nxt)
+    return lists
+
+
+def elastic_epoch(
+    units: list[Piece],
+    *,
+    seed: int,
+    epoch: int,
+    shuffle: bool,
+    remainder: str,
+    stages: list[Stage],
+    process_count: int,
+    process_index: int,
+    local_batch_size: int,
+) -> ElasticEpoch:
+    """This host's part of the rest of ``epoch`` after ``stages``: every row the
+    earlier stages did not deliver goes to exactly one host, the hosts' shares
+    differ by at most one row, and all hosts take the same number of steps."""
+    lists = stage_spans(
+        units, seed=seed, epoch=epoch, shuffle=shuffle, remainder=remainder,
+        stages=stages, process_count=process_count,
+    )
+    sizes = [spans_rows(spans) for spans in lists]
+    steps = steps_for(sizes, local_batch_size, remainder)
+    mine = sizes[process_index]
+    keep = delivered_rows(mine, steps, local_batch_size, remainder)
+    return ElasticEpoch(tuple(cut_spans(lists[process_index], 0, keep)), steps, mine)
+
+
+def locate_span(spans: list[Span] | tuple[Span, ...], row: int) -> Piece:
+    """The file and row of the ``row``-th delivered row of ``spans``:
+    ``(path, file_row, file_row + 1)``."""
+    for s in spans:
+        if row < s.rows:
+            pos = int(span_order(s)[row])
+            for path, lo, hi in s.pieces:
+                if pos < hi - lo:
+                    return (path, lo + pos, lo + pos + 1)
+                pos -= hi - lo
+        row -= s.rows
+    raise IndexError(row)  # pragma: no cover - row outside the spans

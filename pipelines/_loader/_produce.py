@@ -17,6 +17,7 @@ import numpy as np
 from slicefeed.pipelines._loader._agree import Agreement
 from slicefeed.pipelines._loader._convert import ColumnSpec, convert_table, empty_batch, pad_batch
 from slicefeed.pipelines._loader._placement import Placement
+from slicefeed.pipelines._loader._plan import ElasticEpoch
 from slicefeed.pipelines._loader._sources import ReadContext, Source
 
 
@@ -93,23 +94,34 @@ class Producer:
         self.row_bytes = row_bytes
         self.stats = stats
         self.lb = ctx.batch_rows
+        # (epoch, plan) of a committed dataset's epoch resumed on another host layout.
+        self.resumed: tuple[int, ElasticEpoch] | None = None
 
-    def restarted(self, stop: threading.Event) -> Producer:
+    def restarted(
+        self, stop: threading.Event, resumed: tuple[int, ElasticEpoch] | None = None
+    ) -> Producer:
         """A copy that stops on ``stop`` and uses fresh agreement keys (every host
-        restarts its loader the same number of times, as it creates loaders)."""
+        restarts its loader the same number of times, as it creates loaders);
+        ``resumed`` replaces the plan of one epoch (see ``_plan.elastic_epoch``)."""
         out = copy.copy(self)
         out.ctx = dataclasses.replace(self.ctx, stop=stop)
         out.agreement = self.agreement.next_generation()
+        out.resumed = resumed
         return out
 
     def items(self, epoch: int, start: int) -> Iterator[tuple]:
         while self.num_epochs is None or epoch < self.num_epochs:
             if self.ctx.stop.is_set():
                 return
-            tables = self.source.tables(epoch, start * self.lb, self.ctx)
+            ctx, steps, share = self.ctx, self.steps, self.local_share
+            if self.resumed is not None and self.resumed[0] == epoch:
+                plan = self.resumed[1]
+                ctx = dataclasses.replace(ctx, spans=plan.spans)
+                steps, share = plan.steps, plan.share
+            tables = self.source.tables(epoch, start * self.lb, ctx)
             try:
-                if self.steps is not None:
-                    yield from self._known_epoch(tables, epoch, start)
+                if steps is not None:
+                    yield from self._known_epoch(tables, epoch, start, ctx, steps, share)
                 else:
                     yield from self._agreed_epoch(tables, epoch, start)
             finally:
@@ -120,9 +132,9 @@ class Producer:
 
     # ------------------------------------------------------------------ one batch
 
-    def _convert(self, table, epoch: int, first_row: int) -> tuple[dict, int]:
+    def _convert(self, table, epoch: int, first_row: int, ctx: ReadContext) -> tuple[dict, int]:
         counter = [0, 0]  # column copies, bytes copied
-        source, ctx = self.source, self.ctx
+        source = self.source
 
         def locate(i: int) -> str:
             return source.locate(epoch, first_row + i, ctx)
@@ -150,20 +162,21 @@ class Producer:
 
     # ------------------------------------------------------------------ epochs
 
-    def _known_epoch(self, tables, epoch: int, start: int):
-        steps, lb = self.steps, self.lb
+    def _known_epoch(self, tables, epoch: int, start: int, ctx: ReadContext, steps: int,
+                     local_share: int | None):
+        lb = self.lb
         step = start
         for table in tables:
             if step >= steps or self.ctx.stop.is_set():
                 break
             if table.num_rows < lb and self.remainder == "drop":
                 break  # dropped: never converted
-            batch, n = self._convert(table, epoch, step * lb)
+            batch, n = self._convert(table, epoch, step * lb, ctx)
             yield self._emit(batch, epoch, step, n)
             step += 1
-        if self.remainder == "drop" and self.local_share is not None:
+        if self.remainder == "drop" and local_share is not None:
             # Rows of this host's share beyond the agreed steps (counted, not delivered).
-            self.stats.add(dropped_rows=max(self.local_share - steps * lb, 0))
+            self.stats.add(dropped_rows=max(local_share - steps * lb, 0))
         while step < steps and not self.ctx.stop.is_set():
             yield self._emit(self._filler(), epoch, step, 0)
             step += 1
@@ -194,7 +207,7 @@ class Producer:
             if pending is None:
                 yield self._emit(self._filler(), epoch, step, 0)
             else:
-                batch, n = self._convert(pending, epoch, step * lb)
+                batch, n = self._convert(pending, epoch, step * lb, self.ctx)
                 yield self._emit(batch, epoch, step, n)
                 pending = next(it, None)
             step += 1

@@ -42,6 +42,9 @@ class ReadContext:
     # Rows of this host's share to read per epoch (``None``: all); rows beyond it
     # are dropped by the equal-step plan and never read.
     limit_rows: int | None = None
+    # A committed dataset's epoch resumed on another host layout: the rows this
+    # host delivers in that epoch (``_plan.elastic_epoch``); ``None``: the plan.
+    spans: tuple[_plan.Span, ...] | None = None
     # Receives read counters (rows_decoded, rows_decoded_peak, host_copies,
     # host_copy_bytes) as a dict; may be called from reader threads.
     on_read: Callable[[dict], None] | None = None
@@ -521,11 +524,11 @@ class ManifestSource:
 
     kind = "manifest"
 
-    def __init__(self, uri: str, fs_kwargs: Mapping[str, Any]):
+    def __init__(self, uri: str, fs_kwargs: Mapping[str, Any], version: int | None = None):
         from slicefeed.connectors import read_manifest, resolve_filesystem
 
         self.uri = uri
-        self.manifest = read_manifest(uri, **fs_kwargs)
+        self.manifest = read_manifest(uri, version=version, **fs_kwargs)
         self.resolved = resolve_filesystem(uri, **fs_kwargs)
         #: The version this loader reads for its whole life (an overwrite keeps its files).
         self.version = self.manifest.version
@@ -543,7 +546,8 @@ class ManifestSource:
 
     def fingerprint(self) -> dict:
         h = hashlib.sha256(json.dumps(self.files).encode()).hexdigest()[:16]
-        return {"source": self.kind, "num_rows": self.num_rows, "files": h}
+        return {"source": self.kind, "dataset_version": self.version, "num_rows": self.num_rows,
+                "files": h}
 
     def share_sizes(self, process_count: int) -> list[int]:
         return [b - a for a, b in _plan.host_shares(self.num_rows, process_count)]
@@ -559,6 +563,9 @@ class ManifestSource:
         return _plan.pieces(self.units, order, start, stop)
 
     def tables(self, epoch: int, skip_rows: int, ctx: ReadContext) -> Iterator[pa.Table]:
+        if ctx.spans is not None:
+            return self._span_tables(ctx.spans, epoch, skip_rows, ctx)
+        # The plan below is mirrored by _plan.host_spans (elastic resume): change both.
         share = self.share(epoch, ctx)
         windows = _plan.windows(share, ctx.window_rows)
         first, skip = _plan.find_window(windows, skip_rows)
@@ -579,6 +586,23 @@ class ManifestSource:
             spec = {"windows": wins, "shuffle": ctx.shuffle,
                     "expect": {p: self.expect[p] for w in wins for p, _, _ in w["pieces"]}}
             items.append({"w": k0, "n": len(wins), "spec": json.dumps(spec)})
+        return self._read_items(items, ctx)
+
+    def _span_tables(self, spans, epoch: int, skip_rows: int, ctx: ReadContext) -> Iterator[pa.Table]:
+        """A resumed epoch's spans from row ``skip_rows``, one run each: a shuffled
+        span reads its whole window and delivers rows ``[lo, hi)`` of its
+        permutation; an unshuffled one reads only its rows."""
+        items = []
+        for k, s in enumerate(_plan.cut_spans(spans, skip_rows, _plan.spans_rows(spans))):
+            w = {"pieces": s.pieces, "key": f"{epoch}/s{k}", "skip": s.lo, "stop": s.hi,
+                 "rng": list(s.rng) if s.rng is not None else None}
+            spec = {"windows": [w], "shuffle": s.rng is not None,
+                    "expect": {p: self.expect[p] for p, _, _ in s.pieces}}
+            items.append({"w": k, "n": 1, "spec": json.dumps(spec)})
+        return self._read_items(items, ctx)
+
+    def _read_items(self, items: list[dict], ctx: ReadContext) -> Iterator[pa.Table]:
+        """Tables of ``ctx.batch_rows`` rows from runs of window specs, read in order."""
         if not items:
             return iter(())
         fn_kwargs = {
@@ -599,6 +623,10 @@ class ManifestSource:
         return _batches_of(_ray_read_tables(ds, ctx), ctx.batch_rows)
 
     def locate(self, epoch: int, row: int, ctx: ReadContext) -> str:
+        if ctx.spans is not None:
+            path, file_row, _ = _plan.locate_span(ctx.spans, row)
+            return f"file {path!r} row {file_row}"
+
         def rng_of(k: int) -> list[int]:
             return _plan.window_rng(ctx.seed, epoch, ctx.process_index, k)
 
@@ -625,6 +653,7 @@ def make_source(
     process_count: int = 1,
     host_local: bool = False,
     first_read: tuple[int, int] | None = None,
+    version: int | None = None,
 ) -> Source:
     """The :class:`Source` for what the user passed.
 
@@ -633,12 +662,14 @@ def make_source(
     refused unless ``host_local`` says it is this host's own data.
     ``first_read``: see :class:`RaySource` (``None`` for a shuffled read).
 
+    ``version`` opens that version of a committed dataset (a resumed state's).
+
     Raises:
         SpecError: an unsupported source, a ``.dataset()`` that returns no
             Dataset, or a Dataset shared by several processes.
     """
     if isinstance(source, str) or hasattr(source, "__fspath__"):
-        return ManifestSource(str(source), fs_kwargs)
+        return ManifestSource(str(source), fs_kwargs, version)
     import ray.data
 
     shared = process_count > 1 and not host_local

@@ -90,9 +90,11 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     schema = p.check()
     print(f"{args.pipeline}: valid pipeline {p.name!r} ({len(p.transforms)} transforms, "
           f"fingerprint {p.fingerprint[:12]}).")
+    from slicefeed.transforms import type_label
+
     print("output schema:")
     for f in schema:
-        print(f"  {f.name}: {f.type}")
+        print(f"  {f.name}: {type_label(f)}")
     return EXIT_OK
 
 

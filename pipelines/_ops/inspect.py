@@ -8,6 +8,7 @@ import pyarrow as pa
 
 from slicefeed.connectors import expand_paths, is_committed, read_manifest, resolve_filesystem
 from slicefeed.connectors._formats import FORMATS, FileFormat, format_of_path, get_format
+from slicefeed.transforms import type_label
 
 
 def inspect_uri(uri: str, *, fmt: str = "auto", options: dict[str, Any] | None = None,
@@ -43,7 +44,7 @@ def inspect_uri(uri: str, *, fmt: str = "auto", options: dict[str, Any] | None =
             "verified": "sha256" if verify else "sizes and row counts",
             "num_rows": m.num_rows,
             "num_bytes": m.num_bytes, "fingerprint": m.fingerprint, "created_at": m.created_at,
-            "schema": {f.name: str(f.type) for f in m.schema},
+            "schema": {f.name: type_label(f) for f in m.schema},
             "files": [{"path": f.path, "num_rows": f.num_rows, "num_bytes": f.num_bytes,
                        "sha256": f.sha256} for f in m.files],
             "metadata": m.metadata,
@@ -75,7 +76,7 @@ def inspect_uri(uri: str, *, fmt: str = "auto", options: dict[str, Any] | None =
     return {
         "uri": resolved.uri, "kind": f"raw {kind} files (not a committed dataset)",
         "num_rows": total, "num_bytes": sum(f["num_bytes"] for f in files),
-        "schema": {f.name: str(f.type) for f in schema}, "files": files,
+        "schema": {f.name: type_label(f) for f in schema}, "files": files,
     }
 
 

@@ -68,13 +68,14 @@ def test_task_retry_args_silences_only_the_remote_args_deprecation(ray_cluster):
 
     import ray
 
-    from slicefeed.connectors._compat import task_retry_args
+    from slicefeed.connectors._compat import task_retry_args, task_retry_options
 
+    assert task_retry_options(1) == {"max_retries": 1}
     ds = ray.data.range(4)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         with task_retry_args():
-            out = ds.map_batches(lambda b: b, max_retries=1)
+            out = ds.map_batches(lambda b: b, **task_retry_options(1))
     assert not [w for w in seen if "ray_remote_args" in str(w.message)]
     assert out.count() == 4
 

@@ -57,7 +57,7 @@ def test_demo_runs_twice_and_feeds_jax(tmp_path):
     info = json.loads(r.stdout)
     assert info["kind"] == "committed slicefeed dataset" and info["num_rows"] > 0
     assert info["schema"] == {
-        c: "fixed_size_list<item: int32>[2048]" for c in ("tokens", "segment_ids", "positions")
+        c: "fixed_shape_tensor<int32>[2048]" for c in ("tokens", "segment_ids", "positions")
     }
     # Twice: the regenerated corpus is the same, its dataset is reused, the loader runs again;
     # with 8 simulated devices the batch is sharded 8 ways.
@@ -94,6 +94,32 @@ def test_run_validate_inspect(spec_file, local_dir):
     assert r.returncode == 0 and "wrote 10 rows" in r.stdout, r.stderr[-2000:]
     r = slicefeed("inspect", os.path.join(local_dir, "raw"))
     assert r.returncode == 0 and "raw jsonl files" in r.stdout and "rows: 50" in r.stdout
+
+
+def test_validate_and_inspect_name_tensor_columns(local_dir):
+    """The static output schema (what JaxLoader(pipeline) plans from) and inspect
+    show fixed-shape columns as tensors with their shape and the bfloat16 convention."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from slicefeed.pipelines.recipes import recipe_path
+
+    raw = os.path.join(local_dir, "corpus")
+    os.makedirs(raw)
+    with open(os.path.join(raw, "a.jsonl"), "w") as f:
+        f.write(json.dumps({"text": "hello"}) + "\n")
+    r = slicefeed("validate", recipe_path("text_lm"), "--set", f"source.uri={raw}",
+                  "--set", f"sink.uri={local_dir}/out", "--set", "transforms.1.pack_sequences.seq_len=64")
+    assert r.returncode == 0, r.stderr
+    for c in ("tokens", "segment_ids", "positions"):
+        assert f"  {c}: fixed_shape_tensor<int32>[64]\n" in r.stdout, r.stdout
+    bits = pa.FixedSizeListArray.from_arrays(pa.array([0x3F80] * 24, pa.uint16()), 24)
+    image = pa.ExtensionArray.from_storage(pa.fixed_shape_tensor(pa.uint16(), (2, 4, 3)), bits)
+    schema = pa.schema([pa.field("image", image.type, metadata={b"slicefeed.dtype": b"bfloat16"})])
+    pq.write_table(pa.Table.from_arrays([image], schema=schema), os.path.join(raw, "img.parquet"))
+    r = slicefeed("inspect", os.path.join(raw, "img.parquet"), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["schema"] == {"image": "fixed_shape_tensor<uint16 (bfloat16 bits)>[2,4,3]"}
 
 
 def test_usage_and_spec_errors_exit_2_without_traceback(spec_file, tmp_path):

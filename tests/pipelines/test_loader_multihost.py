@@ -125,3 +125,79 @@ def test_pipeline_split_per_host_and_shared_dataset_refused(ray_address, tmp_pat
         assert err.startswith("SpecError") and "2 JAX processes" in err, err
         assert "committed" in err and "Pipeline" in err and "get_dataset_shard" in err, err
         assert "host_local=True" in err, err
+
+
+@pytest.mark.slow
+def test_elastic_resume_on_other_host_counts(committed, tmp_path):
+    """A state saved on H hosts resumes on H' hosts (2 -> 1, 1 -> 2, 2 -> 3; with
+    and without shuffle; "pad" and "drop"): the rows the old hosts delivered plus
+    the rows the new hosts deliver are every row of the epoch exactly once
+    ("drop": none twice, fewer than a batch left out), the new hosts take equal
+    steps, and the next epoch is every row once on the new hosts. A global batch
+    the new host count cannot split is a SpecError at construction."""
+    uri, n = committed
+    gbs = 12  # 2 CPU devices per host: splits over 1, 2 and 3 hosts
+    steps_before = {1: 3, 2: 4}  # stop inside a shuffle window (18 or 24 rows)
+    cases = {}
+    for src, dst in ((2, 1), (1, 2), (2, 3)):
+        for shuffle in (False, True):
+            for remainder in ("pad", "drop"):
+                cases[f"{src}to{dst}-{'shuffle' if shuffle else 'ordered'}-{remainder}"] = {
+                    "src": src, "dst": dst, "steps": steps_before[src],
+                    "kwargs": {"global_batch_size": gbs, "num_epochs": 2, "seed": 5,
+                               "shuffle": shuffle, "remainder": remainder,
+                               "shuffle_buffer_rows": 18},
+                }
+    cases["2to3-unsplittable"] = {"src": 2, "dst": 3, "steps": 1,
+                                  "kwargs": {"global_batch_size": 16, "num_epochs": 1}}
+
+    def run_phase(phase: str, key: str) -> None:
+        procs = []
+        for hosts in sorted({c[key] for c in cases.values()}):
+            mine = {k: c for k, c in cases.items() if c[key] == hosts}
+            port = free_port()
+            procs += [
+                run_worker(
+                    "_elastic_worker.py",
+                    {"coordinator": f"127.0.0.1:{port}", "process_id": pid,
+                     "num_processes": hosts, "uri": uri, "phase": phase, "cases": mine,
+                     "dir": str(tmp_path)},
+                    env={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
+                )
+                for pid in range(hosts)
+            ]
+        wait_all(procs, timeout=300)
+
+    run_phase("before", "src")
+    run_phase("after", "dst")
+
+    def reports(phase, hosts):
+        return [json.loads((tmp_path / f"{phase}.{hosts}.{h}.json").read_text())
+                for h in range(hosts)]
+
+    for name, c in cases.items():
+        src, dst = c["src"], c["dst"]
+        states = [(tmp_path / f"{name}.state.{h}.json").read_text() for h in range(src)]
+        assert len(set(states)) == 1, f"{name}: hosts saved different states"
+        assert json.loads(states[0])["hosts"]["process_count"] == src
+        before = [r[name] for r in reports("before", src)]
+        after = [r[name] for r in reports("after", dst)]
+        if name == "2to3-unsplittable":
+            for r in after:
+                err = r.get("error", "")
+                assert err.startswith("SpecError") and "global_batch_size (16)" in err, err
+                assert "saved on 2 host(s)" in err, err
+            continue
+        assert all("error" not in r for r in after), (name, after)
+        assert len({r["batches"] for r in after}) == 1, f"{name}: unequal steps on new hosts"
+        lb = gbs // dst
+        for epoch in ("0", "1"):
+            ids = [i for r in after for i in r["epochs"].get(epoch, [])]
+            if epoch == "0":
+                ids += [i for r in before for i in r["epochs"]["0"]]
+            assert len(ids) == len(set(ids)), f"{name} epoch {epoch}: a row delivered twice"
+            assert set(ids) <= set(range(n)), name
+            if c["kwargs"]["remainder"] == "pad":
+                assert sorted(ids) == list(range(n)), f"{name} epoch {epoch}"
+            else:
+                assert n - len(ids) < dst * lb, (name, epoch, n - len(ids))

@@ -31,3 +31,27 @@ def test_orbax_save_and_restore_in_fresh_process(jax_cpu, committed, tmp_path):
     assert json.loads(_lines(saved, "DIGESTS ")) == ref[take:]
     assert json.loads(_lines(restored, "DIGESTS ")) == ref[take:]
     assert _lines(saved, "W ") == _lines(restored, "W ")  # the train state came back too
+
+
+def test_orbax_restore_on_another_process_count(jax_cpu, committed, tmp_path):
+    """A checkpoint saved by 2 processes (``process_*-of-2.json``) restores on 1:
+    every process saved the same state, so any file is used."""
+    import pathlib
+
+    from slicefeed.pipelines import JaxLoader, JaxLoaderRestore, JaxLoaderSave
+    from slicefeed.pipelines._loader._orbax import JaxLoaderCheckpointHandler
+
+    uri, _ = committed
+    kw = {"global_batch_size": 16, "shuffle": True, "seed": 2, "shuffle_buffer_rows": 32}
+    ref = digests(JaxLoader(uri, **kw))
+    a = JaxLoader(uri, **kw)
+    digests(a, limit=3)
+    ckpt = pathlib.Path(tmp_path / "loader")
+    JaxLoaderCheckpointHandler().save(ckpt, args=JaxLoaderSave(a))
+    (own,) = ckpt.iterdir()
+    for h in range(2):  # as two processes would have saved it
+        (ckpt / f"process_{h}-of-2.json").write_text(own.read_text())
+    own.unlink()
+    b = JaxLoader(uri, **kw)
+    JaxLoaderCheckpointHandler().restore(ckpt, args=JaxLoaderRestore(b))
+    assert digests(b) == ref[3:]

@@ -25,9 +25,17 @@ def test_loader_keeps_reading_the_version_it_opened(env, local_dir):
     loader = JaxLoader(local_dir, global_batch_size=8, shuffle=True, seed=0,
                        shuffle_buffer_rows=8, num_epochs=1, prefetch=1, local_read_ahead=1)
     ids = [np.asarray(next(loader)["id"])]
+    state = loader.state_dict()
+    assert state["plan"]["dataset_version"] == 1
     write_parquet(ray.data.from_arrow(make_table(1000, 64)).repartition(8), local_dir,
                   overwrite=True)
     assert current_version(local_dir) == 2
     ids += [np.asarray(b["id"]) for b in loader]
     loader.close()
     assert sorted(np.concatenate(ids).tolist()) == list(range(64))
+    # A state records the version: resuming it after the overwrite reads version 1.
+    resumed = JaxLoader(local_dir, global_batch_size=8, shuffle=True, seed=0,
+                        shuffle_buffer_rows=8, num_epochs=1, state=state)
+    rest = [np.asarray(b["id"]) for b in resumed]
+    assert sorted(np.concatenate(ids[:1] + rest).tolist()) == list(range(64))
+    assert JaxLoader(local_dir, global_batch_size=8).state_dict()["plan"]["dataset_version"] == 2

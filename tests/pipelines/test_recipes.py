@@ -31,7 +31,40 @@ def test_recipe_names():
         recipe_path("text")
 
 
-def test_text_lm_recipe(local_dir, ray_cluster):
+def _ray_reads_what_jaxloader_delivers(uri: str, batch_size: int = 8) -> int:
+    """Ray's plain ``read_parquet(...).iter_jax_batches`` (no collate_fn) gives the
+    arrays JaxLoader gives for the committed dataset ``uri``; returns the batch count.
+
+    bfloat16 columns: Ray does not read slicefeed's field metadata, so it delivers
+    the uint16 bits that JaxLoader delivers as bfloat16 (same bits).
+    """
+    import ray
+
+    from slicefeed.pipelines import JaxLoader
+
+    paths = [os.path.join(uri, f.path) for f in read_manifest(uri).files]
+    ctx = ray.data.DataContext.get_current()
+    keep_order = ctx.execution_options.preserve_order
+    ctx.execution_options.preserve_order = True
+    try:
+        theirs = list(ray.data.read_parquet(paths).iter_jax_batches(batch_size=batch_size, drop_last=True))
+    finally:
+        ctx.execution_options.preserve_order = keep_order
+    ours = list(JaxLoader(uri, global_batch_size=batch_size, remainder="drop", prefetch=1))
+    assert len(ours) == len(theirs) > 0
+    for a, b in zip(ours, theirs):
+        assert sorted(a) == sorted(b)
+        for k in a:
+            want = np.asarray(a[k])
+            want = want.view(np.uint16) if want.dtype.name == "bfloat16" else want
+            got = np.asarray(b[k])
+            assert got.dtype == want.dtype and got.shape == want.shape, (k, got.dtype, got.shape)
+            np.testing.assert_array_equal(got, want, err_msg=k)
+            assert b[k].sharding == a[k].sharding
+    return len(ours)
+
+
+def test_text_lm_recipe(local_dir, ray_cluster, jax_cpu):
     raw = os.path.join(local_dir, "corpus")
     os.makedirs(raw)
     rng = np.random.default_rng(0)
@@ -55,9 +88,9 @@ def test_text_lm_recipe(local_dir, ray_cluster):
     assert report.rows_read == 120 and report.rows_quarantined == 1
     out = _read(sink)
     assert out.column_names == ["tokens", "segment_ids", "positions"]
-    assert out.schema.field("tokens").type == pa.list_(pa.int32(), 128)
-    seg = out.column("segment_ids").combine_chunks().flatten().to_numpy()
-    tok = out.column("tokens").combine_chunks().flatten().to_numpy()
+    assert out.schema.field("tokens").type == pa.fixed_shape_tensor(pa.int32(), (128,))
+    seg = out.column("segment_ids").combine_chunks().to_numpy_ndarray()
+    tok = out.column("tokens").combine_chunks().to_numpy_ndarray()
     # Every byte of every good document plus one EOS each, nothing lost.
     assert (seg != 0).sum() == sum(len(t.encode()) + 1 for t in texts)
     assert (tok == 2).sum() == len(texts)
@@ -66,6 +99,7 @@ def test_text_lm_recipe(local_dir, ray_cluster):
     q = pq.read_table(os.path.join(sink, "_quarantine"))
     assert q.column("_sf_error").to_pylist() == ["Tokenize: column 'text' is null"]
     assert q.column("_sf_row").to_pylist() == [7] and q.column("_sf_file")[0].as_py().endswith("docs-1.jsonl")
+    assert _ray_reads_what_jaxloader_delivers(sink) == out.num_rows // 8
 
 
 def _png(a: np.ndarray) -> bytes:
@@ -110,7 +144,7 @@ def _image_run(root: str, sink: str, seed: int):
 
 
 @pytest.mark.slow
-def test_image_recipe_deterministic_by_seed(image_data, local_dir, ray_cluster):
+def test_image_recipe_deterministic_by_seed(image_data, local_dir, ray_cluster, jax_cpu):
     a = os.path.join(local_dir, "run-a")
     report = _image_run(image_data, a, seed=0)
     assert report.rows_read == 11 and report.rows_written == 10 and report.rows_quarantined == 1
@@ -121,6 +155,8 @@ def test_image_recipe_deterministic_by_seed(image_data, local_dir, ray_cluster):
     assert bits.shape == (10, 12, 12, 3) and bits.dtype == np.uint16 and valid.all()
     x = as_bfloat16(bits).astype(np.float32)
     assert -2.2 < x.min() < 0 < x.max() < 2.7
+    assert out.schema.field("image").type == pa.fixed_shape_tensor(pa.uint16(), (12, 12, 3))
+    assert _ray_reads_what_jaxloader_delivers(a, batch_size=8) == 1
     q = pq.read_table(os.path.join(a, "_quarantine"))
     assert "DecodeImage: cannot decode image in column 'path'" in q.column("_sf_error")[0].as_py()
     # Same pipeline, same seed -> identical committed shards (manifest checksums).
@@ -195,12 +231,11 @@ def test_text_recipe_report_counts_packing_not_as_filtered(ray_cluster, local_di
     import glob
 
     import numpy as np
-    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     files = [f for f in glob.glob(os.path.join(local_dir, "out", "*.parquet"))]
-    seg = np.concatenate([pc.list_flatten(pq.read_table(f, columns=["segment_ids"]).column(0))
-                          .to_numpy() for f in files])
+    seg = np.concatenate([pq.read_table(f, columns=["segment_ids"]).column(0).combine_chunks()
+                          .to_numpy_ndarray().ravel() for f in files])
     pack = next(t for t in r.transforms if t["name"] == "pack_sequences")
     assert pack["rows_in"] == 40 and pack["rows_out"] == r.rows_written
     assert pack["packing_efficiency"] == pytest.approx((seg != 0).mean(), abs=1e-4)

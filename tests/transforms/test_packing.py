@@ -42,8 +42,8 @@ def _source(lengths: list[int]) -> tuple[pa.Table, list[np.ndarray]]:
 
 def _dense(out: pa.Table, name: str, seq_len: int) -> np.ndarray:
     col = out.column(name).combine_chunks()
-    assert col.type == pa.list_(pa.int32(), seq_len)
-    return col.flatten().to_numpy().reshape(-1, seq_len)
+    assert col.type == pa.fixed_shape_tensor(pa.int32(), (seq_len,))
+    return col.to_numpy_ndarray().reshape(-1, seq_len)
 
 
 def _segments(out: pa.Table, seq_len: int):

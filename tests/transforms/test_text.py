@@ -188,10 +188,10 @@ def test_pad_or_truncate_right_with_mask():
     t = PadOrTruncate("ids", 3, pad_value=-1, mask=True)
     out = t(_lists())
     assert split_errors(out)[0].schema == t.output_schema(_lists().schema)
-    assert out.schema.field("ids").type == pa.list_(pa.int32(), 3)
+    assert out.schema.field("ids").type == pa.fixed_shape_tensor(pa.int32(), (3,))
     assert out.column("ids").to_pylist()[:3] == [[1, 2, 3], [6, -1, -1], [-1, -1, -1]]
     assert out.column("ids_length").to_pylist()[:3] == [3, 1, 0]
-    assert out.column("ids_mask").to_pylist()[:3] == [[True] * 3, [True, False, False], [False] * 3]
+    assert out.column("ids_mask").to_pylist()[:3] == [[1] * 3, [1, 0, 0], [0] * 3]
     good, bad = split_errors(out)
     assert good.num_rows == 3 and bad.column(ERROR_COLUMN).to_pylist() == [
         "PadOrTruncate: column 'ids' is null"
@@ -202,7 +202,7 @@ def test_pad_or_truncate_left_and_output_column():
     out = PadOrTruncate("ids", 3, side="left", output="x", lengths=False)(_lists().slice(0, 3))
     assert out.column("x").to_pylist() == [[3, 4, 5], [0, 0, 6], [0, 0, 0]]
     assert out.column("ids").type == pa.list_(pa.int32()) and "x_length" not in out.column_names
-    dense = out.column("x").combine_chunks().flatten().to_numpy().reshape(-1, 3)
+    dense = out.column("x").combine_chunks().to_numpy_ndarray()
     np.testing.assert_array_equal(dense[:, -1], [5, 6, 0])
 
 

@@ -1,0 +1,140 @@
+"""JaxLoader reads fixed-shape columns in both layouts: ``arrow.fixed_shape_tensor``
+(what slicefeed writes) and the older plain / nested ``fixed_size_list``."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.pipelines._data import commit_manifest
+
+
+@pytest.fixture(scope="module")
+def env(ray_cluster, jax_cpu):
+    return jax_cpu
+
+
+N = 40
+
+
+def _columns(layout: str) -> pa.Table:
+    """``tokens`` int32 (16,), ``image`` bfloat16 bits (4, 3, 2) with slicefeed's
+    bfloat16 field metadata, ``label`` int32; row i's values derive from i."""
+    import ml_dtypes
+
+    from slicefeed.transforms import is_bfloat16_field
+
+    ids = np.arange(N, dtype=np.int32)
+    tokens = (ids[:, None] * 100 + np.arange(16)).astype(np.int32)
+    image = ((ids[:, None] + np.arange(24)) / 8 - 1).astype(ml_dtypes.bfloat16).view(np.uint16)
+    bf16 = {b"slicefeed.dtype": b"bfloat16"}
+    if layout == "tensor":
+        tok = pa.ExtensionArray.from_storage(
+            pa.fixed_shape_tensor(pa.int32(), (16,)),
+            pa.FixedSizeListArray.from_arrays(pa.array(tokens.ravel()), 16))
+        img = pa.ExtensionArray.from_storage(
+            pa.fixed_shape_tensor(pa.uint16(), (4, 3, 2)),
+            pa.FixedSizeListArray.from_arrays(pa.array(image.ravel()), 24))
+    else:
+        tok = pa.FixedSizeListArray.from_arrays(pa.array(tokens.ravel()), 16)
+        img = pa.FixedSizeListArray.from_arrays(pa.FixedSizeListArray.from_arrays(
+            pa.FixedSizeListArray.from_arrays(pa.array(image.ravel()), 2), 3), 4)
+    schema = pa.schema([pa.field("tokens", tok.type), pa.field("image", img.type, metadata=bf16),
+                        pa.field("label", pa.int32())])
+    t = pa.Table.from_arrays([tok, img, pa.array(ids % 7)], schema=schema)
+    assert is_bfloat16_field(t.schema.field("image"))
+    return t
+
+
+def _commit(uri: str, table: pa.Table, parts: int = 2) -> None:
+    from slicefeed.connectors import Manifest, ManifestFile
+
+    os.makedirs(uri)
+    files, step = [], table.num_rows // parts
+    for i in range(parts):
+        buf = io.BytesIO()
+        pq.write_table(table.slice(i * step, step), buf, row_group_size=8)
+        data = buf.getvalue()
+        name = f"part-{i:05d}.parquet"
+        with open(os.path.join(uri, name), "wb") as f:
+            f.write(data)
+        meta = pq.read_metadata(io.BytesIO(data))
+        groups = tuple(meta.row_group(k).num_rows for k in range(meta.num_row_groups))
+        files.append(ManifestFile(name, step, len(data), hashlib.sha256(data).hexdigest(), groups, "testdata"))
+    commit_manifest(uri, Manifest(files=tuple(files), schema=table.schema))
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_tensor_and_fixed_size_list_layouts_load_alike(env, local_dir, shuffle):
+    import ml_dtypes
+
+    from slicefeed.pipelines import JaxLoader
+
+    got = {}
+    for layout in ("fixed_size_list", "tensor"):
+        uri = os.path.join(local_dir, layout)
+        _commit(uri, _columns(layout))
+        assert pq.read_schema(os.path.join(uri, "part-00000.parquet")).field("image").metadata
+        batches = list(JaxLoader(uri, global_batch_size=8, shuffle=shuffle, seed=3, prefetch=1))
+        assert len(batches) == N // 8
+        b = batches[0]
+        assert b["tokens"].shape == (8, 16) and b["tokens"].dtype == np.int32
+        # bfloat16 bits arrive as bfloat16 in both layouts (a view: same bits).
+        assert b["image"].shape == (8, 4, 3, 2) and b["image"].dtype == ml_dtypes.bfloat16
+        got[layout] = {k: np.concatenate([np.asarray(x[k]) for x in batches]) for k in b}
+    old, new = got["fixed_size_list"], got["tensor"]
+    for k in new:
+        np.testing.assert_array_equal(old[k].view(np.uint8), new[k].view(np.uint8), err_msg=k)
+    ids = new["tokens"][:, 0] // 100
+    assert sorted(ids.tolist()) == list(range(N)) and (ids != np.arange(N)).any() == shuffle
+    np.testing.assert_array_equal(new["tokens"], ids[:, None] * 100 + np.arange(16))
+    want = ((ids[:, None] + np.arange(24)) / 8 - 1).astype(ml_dtypes.bfloat16).reshape(N, 4, 3, 2)
+    np.testing.assert_array_equal(new["image"].view(np.uint16), want.view(np.uint16))
+
+
+def test_permuted_tensor_is_refused_not_reordered(env, local_dir):
+    """A tensor stored in another dimension order cannot be a row-major view:
+    refused at construction, naming the column, instead of transposed rows."""
+    from slicefeed.connectors import SpecError
+    from slicefeed.pipelines import JaxLoader
+
+    t = pa.fixed_shape_tensor(pa.int32(), (2, 4), permutation=[1, 0])
+    col = pa.ExtensionArray.from_storage(
+        t, pa.FixedSizeListArray.from_arrays(pa.array(np.arange(N * 8, dtype=np.int32)), 8))
+    uri = os.path.join(local_dir, "permuted")
+    _commit(uri, pa.table({"m": col, "label": pa.array(np.arange(N, dtype=np.int32))}))
+    with pytest.raises(SpecError, match=r"column 'm' is a tensor stored with dimension permutation \[1, 0\]"):
+        JaxLoader(uri, global_batch_size=8)
+    loader = JaxLoader(uri, global_batch_size=8, exclude=["m"])
+    assert next(loader)["label"].shape == (8,)
+    loader.close()
+
+
+def test_pipeline_source_plans_tensor_columns_from_the_static_schema(env, local_dir):
+    """JaxLoader(pipeline) plans from the static output schema (tensor columns, as
+    ``slicefeed validate`` reports them) and loads the tensor blocks Ray produces."""
+    import json
+
+    from slicefeed.pipelines import JaxLoader, load_pipeline
+    from slicefeed.pipelines.recipes import recipe_path
+
+    raw = os.path.join(local_dir, "corpus")
+    os.makedirs(raw)
+    texts = [f"doc {i} " * (i % 5 + 1) for i in range(30)]
+    with open(os.path.join(raw, "a.jsonl"), "w") as f:
+        f.writelines(json.dumps({"text": t}) + "\n" for t in texts)
+    p = load_pipeline(recipe_path("text_lm"), [f"source.uri={raw}", f"sink.uri={local_dir}/out",
+                                               "transforms.1.pack_sequences.seq_len=32"])
+    schema = p.check()
+    assert schema.field("tokens").type == pa.fixed_shape_tensor(pa.int32(), (32,))
+    batches = list(JaxLoader(p, global_batch_size=8, remainder="pad", prefetch=1))
+    seg = np.concatenate([np.asarray(b["segment_ids"])[np.asarray(b["mask"])] for b in batches])
+    assert seg.shape[1:] == (32,) and seg.dtype == np.int32
+    # Every byte of every document plus one EOS each, as dense int32 rows.
+    assert (seg != 0).sum() == sum(len(t.encode()) + 1 for t in texts)
