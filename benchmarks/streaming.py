@@ -107,11 +107,14 @@ def pipeline_dataset(meta: dict):
 
 
 def _dense(col):
-    """Arrow column -> dense NumPy (fixed_size_list -> (n, d) view of the values)."""
+    """Arrow column -> dense NumPy (fixed_size_list or a fixed-shape tensor extension,
+    whose storage is one, -> (n, d) view of the values)."""
     import pyarrow as pa
 
     if isinstance(col, pa.ChunkedArray):
         col = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+    if isinstance(col, pa.ExtensionArray):
+        col = col.storage
     if pa.types.is_fixed_size_list(col.type):
         n = len(col)
         return col.flatten().to_numpy(zero_copy_only=True).reshape(n, col.type.list_size)
