@@ -23,6 +23,8 @@ Entries (private attribute -> fallback when it is gone):
   DataContext) -> the copy keeps sharing the caller's context.
 - :func:`kv_try_get` -- the key-value client's ``key_value_try_get`` (non-blocking)
   -> a 10 ms blocking get.
+- :func:`kv_wait` -- the key-value client's ``blocking_key_value_get`` (the
+  wait JAX itself uses) -> None after the wait, as for a key not set yet.
 - :func:`gcsfs_undecorated_request` -- ``gcsfs.GCSFileSystem._request.__wrapped__``
   -> None (callers keep gcsfs's own retry decorator).
 - :func:`quiet_ray_logging` -- the logger name of Ray's token-auth notice
@@ -55,6 +57,7 @@ __all__ = [
     "gcsfs_undecorated_request",
     "jax_kv_client",
     "kv_try_get",
+    "kv_wait",
     "quiet_ray_logging",
     "task_retry_args",
     "task_retry_options",
@@ -205,6 +208,16 @@ def kv_try_get(client: Any, key: str) -> str | None:
     try:
         return try_get(key)
     except Exception:  # noqa: BLE001 - not set yet (jaxlib raises NOT_FOUND)
+        return None
+
+
+def kv_wait(client: Any, key: str, timeout_ms: int) -> str | None:
+    """The value of ``key`` in JAX's key-value store, waiting up to ``timeout_ms``
+    for it to be set (the server answers as soon as it is; the GIL is released
+    while waiting); None if it is not set by then."""
+    try:
+        return client.blocking_key_value_get(key, max(int(timeout_ms), 1))
+    except Exception:  # noqa: BLE001 - not set in time (jaxlib raises DEADLINE_EXCEEDED)
         return None
 
 

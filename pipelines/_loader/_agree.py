@@ -1,9 +1,9 @@
 """Multi-host agreement through jax.distributed's key-value store (never a device collective).
 
 Each loader gets a key namespace numbered in creation order, so loaders must be
-created in the same order on every host. Waiting polls with a non-blocking get,
+created in the same order on every host. Waiting is a server-side wait in short slices,
 so a stop request (``close()``, the loader being garbage-collected) ends the
-wait within one poll interval instead of after the timeout.
+wait within one slice instead of after the timeout.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import time
 from slicefeed.connectors import _compat
 
 _KV_PREFIX = "slicefeed/jaxloader"
-_POLL_S = (0.001, 0.05)  # first and longest sleep between polls
+_WAIT_S = 0.05  # longest single wait for a key (how soon a stop request is noticed)
 _counter = itertools.count()
 
 
@@ -68,9 +68,16 @@ class Agreement:
         out: list[str] = []
         deadline = time.monotonic() + self.timeout_s
         for h in range(self.process_count):
-            sleep = _POLL_S[0]
+            if h == self.process_index:
+                out.append(value)
+                continue
             while True:
-                got = _compat.kv_try_get(client, f"{prefix}/{h}")
+                # A server-side wait answers as soon as the key is set (a poll loop
+                # overshoots by up to its sleep, once per step); waiting in slices
+                # of _WAIT_S notices a stop request.
+                t = time.monotonic()
+                left = deadline - t
+                got = _compat.kv_wait(client, f"{prefix}/{h}", 1000 * min(_WAIT_S, max(left, 0)))
                 if got is not None:
                     out.append(got)
                     break
@@ -81,8 +88,8 @@ class Agreement:
                         f"JaxLoader: host {h} did not report {tag!r} within {self.timeout_s} s "
                         f"(is it running the same loader, created in the same order?)."
                     )
-                time.sleep(sleep)
-                sleep = min(sleep * 2, _POLL_S[1])
+                if time.monotonic() - t < _WAIT_S / 10:
+                    time.sleep(_WAIT_S / 10)  # the store answered at once without a value
         return out
 
     def forget(self, tag: str) -> None:

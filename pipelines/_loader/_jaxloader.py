@@ -180,6 +180,7 @@ class JaxLoader:
             process_index=self.process_index,
             process_count=self.process_count,
             host_local=opts.host_local,
+            first_read=None if opts.shuffle else (lb, opts.ray_prefetch_batches),
             version=_state_dataset_version(state),
         )
         self._source = src

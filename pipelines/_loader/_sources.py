@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -123,11 +124,23 @@ def _batches_of(tables: Iterator[pa.Table], rows: int) -> Iterator[pa.Table]:
 
 
 class RaySource:
-    """A ``ray.data.Dataset`` (read in block order) or a ``DataIterator``."""
+    """A ``ray.data.Dataset`` (read in block order) or a ``DataIterator``.
 
-    def __init__(self, obj: Any, kind: str, schema: pa.Schema | None = None):
+    ``first_read`` = ``(batch_rows, prefetch_batches)`` of an unshuffled read:
+    a ``DataIterator`` without a static schema then learns it from its first
+    batch, and that read goes on as the first epoch. Ray's own
+    ``DataIterator.schema()`` executes the dataset up to its first block (a
+    streaming split's coordinator runs ``Dataset.schema()``): on a live
+    pipeline, the first stage once more before the epoch starts.
+    """
+
+    def __init__(self, obj: Any, kind: str, schema: pa.Schema | None = None,
+                 first_read: tuple[int, int] | None = None):
         self.kind = kind
         self._schema = schema  # known statically (a Pipeline's checked output schema)
+        self._first_read = first_read
+        # The started first read (its first table included), until tables() takes it.
+        self._primed: Iterator[pa.Table] | None = None
         if kind == "dataset":
             self.obj = _compat.dataset_preserving_order(obj)
             self._local_rows = _compat.dataset_meta_count(self.obj)
@@ -138,6 +151,16 @@ class RaySource:
     def schema(self) -> pa.Schema:
         if self._schema is not None:
             return self._schema
+        if self.kind == "iterator" and self._first_read is not None and self._primed is None:
+            rows, prefetch = self._first_read
+            it = iter(self.obj.iter_batches(batch_size=rows, batch_format="pyarrow",
+                                            prefetch_batches=prefetch, drop_last=False))
+            first = next(it, None)
+            if first is not None:
+                self._primed = itertools.chain([first], it)
+                self._schema = first.schema
+                return self._schema
+            self._primed = iter(())  # this host's share of the epoch is empty
         # Ray may execute the Dataset (its first block) to answer this.
         return arrow_schema(self.obj.schema())
 
@@ -151,10 +174,27 @@ class RaySource:
         return self._local_rows
 
     def tables(self, epoch: int, skip_rows: int, ctx: ReadContext) -> Iterator[pa.Table]:
+        primed, self._primed = self._primed, None
+        if primed is not None and not ctx.shuffle and (
+                ctx.batch_rows, ctx.ray_prefetch_batches) == self._first_read:
+            # A DataIterator's next iteration is its next epoch, whatever the number.
+            return _skip_batches(primed, skip_rows // ctx.batch_rows, ctx.on_read)
         return _ray_tables(self.obj, epoch, skip_rows, ctx)
 
     def locate(self, epoch: int, row: int, ctx: ReadContext) -> str:
         return f"row {row} of this host's epoch {epoch} (the source has no file positions)"
+
+
+def _skip_batches(tables: Iterator[pa.Table], n: int, on_read=None) -> Iterator[pa.Table]:
+    """``tables`` without its first ``n`` (no row positions: read and discard);
+    ``on_read`` hears of every table read (rows Ray produced for this host)."""
+    for table in tables:
+        if on_read is not None:
+            on_read({"rows_decoded": table.num_rows})
+        if n:
+            n -= 1
+            continue
+        yield table
 
 
 def _ray_tables(obj: Any, epoch: int, skip_rows: int, ctx: ReadContext) -> Iterator[pa.Table]:
@@ -169,14 +209,7 @@ def _ray_tables(obj: Any, epoch: int, skip_rows: int, ctx: ReadContext) -> Itera
         local_shuffle_buffer_size=ctx.shuffle_buffer_rows if shuffle else None,
         local_shuffle_seed=(ctx.seed * 1_000_003 + epoch) % (2**32) if shuffle else None,
     )
-    to_skip = skip_rows // ctx.batch_rows  # no row positions: read and discard
-    for table in it:
-        if ctx.on_read is not None:  # rows Ray produced for this host (decoded by Ray)
-            ctx.on_read({"rows_decoded": table.num_rows})
-        if to_skip:
-            to_skip -= 1
-            continue
-        yield table
+    yield from _skip_batches(iter(it), skip_rows // ctx.batch_rows, ctx.on_read)
 
 
 # --------------------------------------------------------------------------- committed
@@ -678,6 +711,7 @@ def make_source(
     process_index: int = 0,
     process_count: int = 1,
     host_local: bool = False,
+    first_read: tuple[int, int] | None = None,
     version: int | None = None,
 ) -> Source:
     """The :class:`Source` for what the user passed.
@@ -685,6 +719,7 @@ def make_source(
     With more than one process, a slicefeed ``Pipeline`` is split by input
     files (host ``i`` of ``n`` reads files ``i::n``); a ``ray.data.Dataset`` is
     refused unless ``host_local`` says it is this host's own data.
+    ``first_read``: see :class:`RaySource` (``None`` for a shuffled read).
 
     ``version`` opens that version of a committed dataset (a resumed state's).
 
@@ -702,7 +737,7 @@ def make_source(
             raise _refuse_shared("a ray.data.Dataset", process_count)
         return RaySource(source, "dataset")
     if isinstance(source, ray.data.DataIterator):
-        return RaySource(source, "iterator")
+        return RaySource(source, "iterator", first_read=first_read)
     if callable(getattr(source, "dataset", None)):
         # A slicefeed Pipeline knows its output schema without running
         # (``check()``, what ``slicefeed validate`` computes): asking the Dataset

@@ -107,3 +107,15 @@ def test_compat_imports_lazily(module):
     code = f"import sys, slicefeed.connectors._compat; print({module!r} in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_kv_wait_returns_value_or_none():
+    class Client:
+        def blocking_key_value_get(self, key, timeout_ms):
+            assert timeout_ms >= 1
+            if key == "k":
+                return "v"
+            raise RuntimeError("DEADLINE_EXCEEDED")
+
+    assert _compat.kv_wait(Client(), "k", 0) == "v"
+    assert _compat.kv_wait(Client(), "missing", 10) is None
