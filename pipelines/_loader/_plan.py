@@ -72,18 +72,7 @@ def epoch_unit_order(num_units: int, seed: int, epoch: int, shuffle: bool) -> np
 def pieces(units: list[Piece], order: np.ndarray, start: int, stop: int) -> list[Piece]:
     """Row range ``[start, stop)`` of the epoch's unit stream (``units`` in
     ``order``) as (path, lo, hi) pieces, each inside one unit."""
-    out = []
-    pos = 0
-    for i in order:
-        path, ulo, uhi = units[i]
-        n = uhi - ulo
-        lo, hi = max(start - pos, 0), min(stop - pos, n)
-        if lo < hi:
-            out.append((path, ulo + lo, ulo + hi))
-        pos += n
-        if pos >= stop:
-            break
-    return out
+    return slice_pieces([units[i] for i in order], start, stop)
 
 
 def _cut(share: list[Piece], window_rows: int) -> list[tuple[list[Piece], int | None]]:
