@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from slicefeed.connectors import SpecError, _compat
-from slicefeed.pipelines._loader import _plan
+from slicefeed.pipelines._loader import _plan, _shards
 
 
 @dataclasses.dataclass(frozen=True)
@@ -370,6 +370,11 @@ def read_run(batch: dict, *, fs, base_dir: str, columns: list[str],
     counters = _new_counters()
     try:
         def shard(path: str) -> Any:
+            if path not in opened and expect.get(path) is not None and _shards.is_remote(fs):
+                # Object storage: no stat, the run's column chunks in concurrent reads.
+                opened[path] = _shards.open_shard(
+                    fs, f"{base_dir}/{path}", expect[path], _shards.run_spans(wins, path),
+                    columns)
             if path not in opened:
                 f = fs.open(f"{base_dir}/{path}", "rb")
                 handles.append(f)
@@ -423,6 +428,12 @@ class _LocalRuns:
     window read ahead used to). pyarrow decodes without the GIL, so the
     threads overlap decoding with conversion and transfer. Memory: about
     ``2 * read_ahead + 1`` windows of decoded rows at most.
+
+    On object storage the bytes of the next runs are fetched further ahead
+    (:class:`._shards.FetchAhead`), so a store's first-byte delay overlaps
+    decoding: :data:`FETCH_AHEAD` runs beyond those being read, one more each
+    time the consumer has to wait, up to :data:`FETCH_AHEAD_MAX` (compressed
+    bytes, held until their run reads them).
     """
 
     def __init__(self, items: list[dict], fn_kwargs: dict, read_ahead: int, stop):
@@ -430,6 +441,28 @@ class _LocalRuns:
         self.fn_kwargs = fn_kwargs
         self.stop = stop
         self.read_ahead = max(1, int(read_ahead))
+        #: Runs fetched beyond those being read (object storage only).
+        self.fetch_depth = FETCH_AHEAD
+
+    def _fetcher(self):
+        """Fetches the bytes of runs ``[fetched, n)`` ahead, on object storage."""
+        fs, base = self.fn_kwargs["fs"], self.fn_kwargs["base_dir"]
+        columns = self.fn_kwargs["columns"]
+        if not _shards.is_remote(fs):
+            return None, lambda n: None
+        ahead = _shards.FetchAhead(4 * FETCH_AHEAD_MAX)
+        fetched = 0
+
+        def fetch_to(n: int) -> None:
+            nonlocal fetched
+            while fetched < min(n, len(self.items)):
+                spec = json.loads(self.items[fetched]["spec"])
+                for path, exp in (spec.get("expect") or {}).items():
+                    ahead.submit(fs, f"{base}/{path}", int(exp[1]),
+                                 _shards.run_spans(spec["windows"], path), columns)
+                fetched += 1
+
+        return ahead, fetch_to
 
     def _run(self, item: dict, q, closed) -> None:
         import queue
@@ -459,8 +492,10 @@ class _LocalRuns:
         from concurrent.futures import ThreadPoolExecutor
 
         closed = threading.Event()
+        ahead, fetch_to = self._fetcher()
         pool = ThreadPoolExecutor(self.read_ahead, thread_name_prefix="slicefeed-read")
         try:
+            fetch_to(self.read_ahead + self.fetch_depth)
             pending: list[list] = []  # [queue, windows still to hand over]
             nxt = 0
 
@@ -482,6 +517,8 @@ class _LocalRuns:
                     except queue.Empty:
                         if self.stop.is_set():
                             return
+                        if ahead is not None:  # the consumer waits: fetch further ahead
+                            self.fetch_depth = min(self.fetch_depth + 1, FETCH_AHEAD_MAX)
                 if isinstance(x, BaseException):
                     raise x
                 head[1] -= 1
@@ -489,10 +526,20 @@ class _LocalRuns:
                     pending.pop(0)
                     if nxt < len(self.items) and not self.stop.is_set():
                         submit()
+                        fetch_to(nxt + self.fetch_depth)
                 yield x
         finally:
             closed.set()
             pool.shutdown(wait=False, cancel_futures=True)
+            if ahead is not None:
+                ahead.close()
+
+
+#: Runs whose bytes are fetched beyond those being read, on object storage (see
+#: :class:`_LocalRuns`); a run is one window (~32 MB decoded) or the chunks of
+#: one large row group.
+FETCH_AHEAD = 1
+FETCH_AHEAD_MAX = 4
 
 
 def _ray_read_tables(ds: Any, ctx: ReadContext) -> Iterator[pa.Table]:
@@ -589,16 +636,28 @@ class ManifestSource:
         return self._read_items(items, ctx)
 
     def _span_tables(self, spans, epoch: int, skip_rows: int, ctx: ReadContext) -> Iterator[pa.Table]:
-        """A resumed epoch's spans from row ``skip_rows``, one run each: a shuffled
-        span reads its whole window and delivers rows ``[lo, hi)`` of its
-        permutation; an unshuffled one reads only its rows."""
-        items = []
+        """A resumed epoch's spans from row ``skip_rows``: a shuffled span reads
+        its whole window and delivers rows ``[lo, hi)`` of its permutation; an
+        unshuffled one reads only its rows."""
+        runs: list[list[dict]] = []
+        prev = None
         for k, s in enumerate(_plan.cut_spans(spans, skip_rows, _plan.spans_rows(spans))):
             w = {"pieces": s.pieces, "key": f"{epoch}/s{k}", "skip": s.lo, "stop": s.hi,
                  "rng": list(s.rng) if s.rng is not None else None}
-            spec = {"windows": [w], "shuffle": s.rng is not None,
-                    "expect": {p: self.expect[p] for p, _, _ in s.pieces}}
-            items.append({"w": k, "n": 1, "spec": json.dumps(spec)})
+            # Spans that continue one piece (the chunks of a row group larger than
+            # a window) are one run: one stream, so nothing is decoded twice.
+            one = s.pieces[0] if len(s.pieces) == 1 else None
+            if (runs and one is not None and prev is not None and prev[0] == one[0]
+                    and prev[2] == one[1] and (s.rng is None) == (runs[-1][0]["rng"] is None)):
+                runs[-1].append(w)
+            else:
+                runs.append([w])
+            prev = one
+        items = []
+        for k, wins in enumerate(runs):
+            spec = {"windows": wins, "shuffle": wins[0]["rng"] is not None,
+                    "expect": {p: self.expect[p] for w in wins for p, _, _ in w["pieces"]}}
+            items.append({"w": k, "n": len(wins), "spec": json.dumps(spec)})
         return self._read_items(items, ctx)
 
     def _read_items(self, items: list[dict], ctx: ReadContext) -> Iterator[pa.Table]:

@@ -175,3 +175,30 @@ def test_resume_inside_a_streamed_row_group_is_exact(jax_cpu, datasets, shuffle)
     assert len(rest) == len(full) - (len(full) // 2 + 9)
     for a, b in zip(full[len(full) - len(rest):], rest):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("shuffle", [False, True], ids=["ordered", "shuffled"])
+def test_resumed_spans_stream_a_large_row_group_once(datasets, shuffle):
+    """An epoch resumed on another host layout reads spans; the spans that are
+    chunks of one large row group are still one stream (decoded once)."""
+    import threading
+
+    from slicefeed.pipelines._loader import _plan
+    from slicefeed.pipelines._loader._sources import ManifestSource, ReadContext
+
+    src = ManifestSource(datasets["pyarrow"], {})
+    spans = _plan.host_spans(src.units, process_count=1, process_index=0, seed=1, epoch=0,
+                             shuffle=shuffle, window_rows=64, limit=None)
+    rest = _plan.cut_spans(spans, 40, _plan.spans_rows(spans))  # 40 rows delivered before
+    counts = {"rows_decoded": 0}
+
+    def on_read(c: dict) -> None:
+        counts["rows_decoded"] += c.get("rows_decoded", 0)
+
+    ctx = ReadContext(batch_rows=16, columns=("id",), seed=1, shuffle=shuffle,
+                      shuffle_buffer_rows=64, window_rows=64, process_index=0, process_count=1,
+                      reader="local", read_ahead=2, ray_prefetch_batches=1,
+                      stop=threading.Event(), spans=tuple(rest), on_read=on_read)
+    ids = np.concatenate([t.column("id").to_numpy() for t in src.tables(0, 0, ctx)])
+    assert len(ids) == len(set(ids.tolist())) == 1000 - 40
+    assert counts["rows_decoded"] <= 1.1 * len(ids), counts
