@@ -13,6 +13,9 @@ Cases (same pipeline, same split, same consumer):
   schema lookup and per-step agreement patched back in (a before/after in one run).
 - ``slicefeed_prefetch0`` (only with ``--cases``): ``JaxLoader(..., prefetch=0)``,
   producing each batch in the consumer's thread as Ray does.
+- ``slicefeed_noexchange`` (only with ``--cases``; diagnostic): the per-step status
+  exchange replaced by each host's own status (valid only because this corpus
+  gives every host the same full batches): what the exchange costs.
 
 Modes: ``producer`` (the live pipeline: the Ray producer is the bottleneck) and
 ``consumer`` (the same pipeline's output ``materialize()``-d first, then split).
@@ -48,10 +51,11 @@ ROW_BYTES = SEQ_LEN * 4 * len(COLUMNS)
 # decreasing packs every file's documents into full rows: the row count and the
 # token checksum are known from the generated text alone.
 DOC_TOKENS = (256, 512, 1024, 2048)
-CASES = ("slicefeed", "ray", "slicefeed_prev", "slicefeed_prefetch0")
+CASES = ("slicefeed", "ray", "slicefeed_prev", "slicefeed_prefetch0", "slicefeed_noexchange")
 DEFAULT_CASES = CASES[:3]
 PAIRS = ("slicefeed/ray", "slicefeed/slicefeed_prev", "slicefeed_prev/ray",
-         "slicefeed_prefetch0/ray", "slicefeed_prefetch0/slicefeed")
+         "slicefeed_prefetch0/ray", "slicefeed_prefetch0/slicefeed",
+         "slicefeed_noexchange/ray", "slicefeed_noexchange/slicefeed")
 MODES = ("producer", "consumer")
 
 
@@ -195,11 +199,18 @@ def host_run(cfg: dict, it) -> dict:
     tok_sum = tok_count = 0
     errors: list[str] = []
     cpu0, t0 = cpu(), time.perf_counter()
-    if cfg["case"] in ("slicefeed", "slicefeed_prev", "slicefeed_prefetch0"):
+    if cfg["case"].startswith("slicefeed"):
         from slicefeed.pipelines import JaxLoader
 
         if cfg["case"] == "slicefeed_prev":
             _patch_previous_loader()
+        if cfg["case"] == "slicefeed_noexchange":
+            # Diagnostic only: this corpus gives every host the same full batches, so
+            # each host's own status is every host's; what the per-step exchange costs.
+            from slicefeed.pipelines._loader import _agree
+
+            _agree.Agreement.exchange = lambda self, tag, value, stop=None: (
+                [value] * self.process_count)
 
         loader = JaxLoader(it, global_batch_size=B,
                            prefetch=0 if cfg["case"] == "slicefeed_prefetch0" else 2)
