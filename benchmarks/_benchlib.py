@@ -293,6 +293,52 @@ class TreeRSSSampler:
         return self.peak / (1 << 20)
 
 
+def run_child(script: str, cfg: dict, env: dict, timeout: float, *, prefix: str,
+              python: str | None = None) -> tuple[dict, bool]:
+    """Runs ``python script --child <cfg as JSON>`` in its own process group.
+
+    Returns ``(result, finished)``: the JSON result the child wrote to
+    ``cfg["out"]`` (a temporary file made here) plus ``process_wall_s`` and
+    ``peak_tree_rss_mb`` (the process and everything it started, Ray workers
+    too), and True; or, on a timeout or a missing result, a ``status:
+    FAILED ...`` entry with the log's tail, and False."""
+    import tempfile
+
+    fd, out = tempfile.mkstemp(prefix=prefix, suffix=".json")
+    os.close(fd)
+    cfg = {**cfg, "out": out}
+    t = time.perf_counter()
+    p = subprocess.Popen([python or sys.executable, os.path.abspath(script), "--child", json.dumps(cfg)],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
+    sampler = TreeRSSSampler(p.pid)
+    try:
+        log, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, 9)
+        log, _ = p.communicate()
+        sampler.stop()
+        os.unlink(out)
+        return {"status": f"FAILED: timeout after {timeout} s", "log_tail": log[-2000:]}, False
+    tree_mb = sampler.stop()
+    try:
+        os.killpg(p.pid, 9)  # Ray processes the child started (os._exit skips shutdown)
+    except ProcessLookupError:
+        pass
+    res: dict = {"process_wall_s": time.perf_counter() - t}
+    try:
+        with open(out) as f:
+            res.update(json.load(f))
+    except (OSError, json.JSONDecodeError):
+        res["status"] = f"FAILED: exit code {p.returncode}, no result"
+        res["log_tail"] = log[-3000:]
+        return res, False
+    finally:
+        os.unlink(out)
+    res["peak_tree_rss_mb"] = tree_mb
+    return res, True
+
+
 def machine_info() -> dict:
     info: dict[str, Any] = {
         "nproc": os.cpu_count(),

@@ -37,9 +37,7 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -51,11 +49,11 @@ from _benchlib import (
     ROW_BYTES,
     SEQ_LEN,
     Consumer,
-    TreeRSSSampler,
     ensure_dataset,
     machine_info,
     peak_rss_self_mb,
     process_env,
+    run_child,
     validate,
     warm_page_cache,
 )
@@ -280,47 +278,16 @@ def child_main(cfg_json: str) -> None:
 
 
 def run_case(case: str, batch_size: int, meta: dict, args, device_count: int = 8) -> dict:
-    fd, out = tempfile.mkstemp(prefix=f"bench-{case}-", suffix=".json")
-    os.close(fd)
-    cfg = {"case": case, "batch_size": batch_size, "meta": meta, "out": out,
+    cfg = {"case": case, "batch_size": batch_size, "meta": meta,
            "default_store": case.endswith(DEFAULT_STORE)}
     if args.profile and case in args.profile.split(","):
         cfg["profile"] = os.path.join(
             os.path.dirname(os.path.abspath(args.json)), f"profile-{case}-b{batch_size}.txt"
         )
-    t = time.perf_counter()
-    p = subprocess.Popen(
-        [sys.executable, os.path.abspath(__file__), "--child", json.dumps(cfg)],
-        env=process_env(device_count),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    sampler = TreeRSSSampler(p.pid)
-    try:
-        log, _ = p.communicate(timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, 9)
-        log, _ = p.communicate()
-        sampler.stop()
-        return {"status": f"FAILED: timeout after {args.timeout} s", "log_tail": log[-2000:]}
-    tree_mb = sampler.stop()
-    try:
-        os.killpg(p.pid, 9)  # Ray processes the child started (os._exit skips shutdown)
-    except ProcessLookupError:
-        pass
-    res: dict = {"process_wall_s": time.perf_counter() - t}
-    try:
-        with open(out) as f:
-            res.update(json.load(f))
-    except (OSError, json.JSONDecodeError):
-        res["status"] = f"FAILED: exit code {p.returncode}, no result"
-        res["log_tail"] = log[-3000:]
+    res, finished = run_child(__file__, cfg, process_env(device_count), args.timeout,
+                              prefix=f"bench-{case}-")
+    if not finished:
         return res
-    finally:
-        os.unlink(out)
-    res["peak_tree_rss_mb"] = tree_mb
     expected = (meta["rows"] // batch_size) * batch_size
     problems = validate(res, meta, expected)
     if expected != meta["rows"]:

@@ -40,7 +40,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -51,11 +50,11 @@ from _benchlib import (
     LOADER_DTYPES,
     ROW_BYTES,
     Consumer,
-    TreeRSSSampler,
     ensure_dataset,
     machine_info,
     peak_rss_self_mb,
     process_env,
+    run_child,
     validate,
     warm_page_cache,
 )
@@ -253,44 +252,17 @@ def warm_proxy(proxy, meta: dict) -> None:
 
 def run_case(name: str, kind: str, delay_ms: float | None, meta: dict, proxy, args,
              python: str | None = None) -> dict:
-    fd, out = tempfile.mkstemp(prefix=f"bench-storage-{kind}-", suffix=".json")
-    os.close(fd)
-    cfg = {"kind": kind, "batch_size": args.batch_size, "meta": meta, "out": out,
-           "peer_fs": args.peer_fs}
+    cfg = {"kind": kind, "batch_size": args.batch_size, "meta": meta, "peer_fs": args.peer_fs}
     env = process_env(8)
     env["STORAGE_EMULATOR_HOST"] = proxy.endpoint
     env["PYTHONPATH"] = os.pathsep.join(x for x in (ROOT, HERE, env.get("PYTHONPATH")) if x)
     proxy.delay_s = (delay_ms or 0.0) / 1000.0
     proxy.reset_counts()
-    t = time.perf_counter()
-    p = subprocess.Popen([python or sys.executable, os.path.abspath(__file__), "--child",
-                          json.dumps(cfg)],
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         start_new_session=True)
-    sampler = TreeRSSSampler(p.pid)
-    try:
-        log, _ = p.communicate(timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, 9)
-        log, _ = p.communicate()
-        sampler.stop()
-        return {"status": f"FAILED: timeout after {args.timeout} s", "log_tail": log[-2000:]}
-    tree_mb = sampler.stop()
-    try:
-        os.killpg(p.pid, 9)  # Ray processes the child started (os._exit skips shutdown)
-    except ProcessLookupError:
-        pass
-    res: dict = {"process_wall_s": time.perf_counter() - t, "delay_ms": delay_ms}
-    try:
-        with open(out) as f:
-            res.update(json.load(f))
-    except (OSError, json.JSONDecodeError):
-        res["status"] = f"FAILED: exit code {p.returncode}, no result"
-        res["log_tail"] = log[-3000:]
+    res, finished = run_child(__file__, cfg, env, args.timeout, prefix=f"bench-storage-{kind}-",
+                              python=python)
+    res = {"delay_ms": delay_ms, **res}
+    if not finished:
         return res
-    finally:
-        os.unlink(out)
-    res["peak_tree_rss_mb"] = tree_mb
     if kind != "slicefeed_local":
         res["requests"] = request_summary(proxy, meta)
     expected = (meta["rows"] // args.batch_size) * args.batch_size
