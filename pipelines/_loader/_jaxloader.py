@@ -369,7 +369,7 @@ class JaxLoader:
 
         Raises:
             TypeError: the count is only found while reading (the hosts agree
-                on the steps while reading), so there is no length up front.
+                step by step), so there is no length up front.
         """
         if self.steps_per_epoch is None:
             raise TypeError(
