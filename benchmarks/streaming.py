@@ -9,12 +9,12 @@ Cases (same pipeline, same split, same consumer):
 
 - ``slicefeed``: ``JaxLoader(it, global_batch_size=B)`` in each host.
 - ``ray``: Ray's plain ``it.iter_jax_batches(batch_size=B // hosts, ...)``.
-- ``slicefeed_prev``: ``slicefeed`` with the loader's previous DataIterator
-  schema lookup and per-step agreement patched back in (a before/after in one run).
+- ``slicefeed_prev``: ``slicefeed`` with the loader's previous per-step agreement
+  (one key-value exchange per step) patched back in (a before/after in one run).
 - ``slicefeed_prefetch0`` (only with ``--cases``): ``JaxLoader(..., prefetch=0)``,
   producing each batch in the consumer's thread as Ray does.
-- ``slicefeed_noexchange`` (only with ``--cases``; diagnostic): the per-step status
-  exchange replaced by each host's own status (valid only because this corpus
+- ``slicefeed_noexchange`` (only with ``--cases``; diagnostic): the key-value
+  exchange replaced by each host's own report (valid only because this corpus
   gives every host the same full batches): what the exchange costs.
 
 Modes: ``producer`` (the live pipeline: the Ray producer is the bottleneck) and
@@ -126,44 +126,41 @@ def _dense(col):
 
 
 def _patch_previous_loader() -> None:
-    """The ``slicefeed_prev`` case: JaxLoader as before this benchmark's two changes,
-    for a before/after in one run: the DataIterator's schema from Ray's
-    ``DataIterator.schema()`` (executes the pipeline up to its first block), and the
-    per-step agreement polling the key-value store with backoff sleeps (1 -> 50 ms)."""
-    from slicefeed.connectors import _compat
-    from slicefeed.pipelines._loader import _agree, _jaxloader
+    """The ``slicefeed_prev`` case: JaxLoader with its previous agreement for an
+    unknown row count (one key-value exchange of each step's full / partial / none
+    status: a set, a server-side wait and a delete per step), for a before/after in
+    one run against the agreement per group of steps."""
+    from slicefeed.pipelines._loader import _produce
 
-    make_source = _jaxloader.make_source
+    def agreed_epoch_prev(self, tables, epoch, start):
+        lb, step = self.lb, start
+        it = iter(tables)
+        pending = next(it, None)
+        while True:
+            status = 0 if pending is None else 2 if pending.num_rows == lb else 1
+            statuses = [int(v) for v in
+                        self.agreement.exchange(f"e{epoch}/s{step}", str(status), self.ctx.stop)]
+            self.stats.add(agreements=1)
+            if step >= 2:
+                self.agreement.forget(f"e{epoch}/s{step - 2}")
+            if self.remainder == "drop":
+                if min(statuses) < 2:
+                    left = pending.num_rows if pending is not None else 0
+                    for t in it:
+                        left += t.num_rows
+                    self.stats.add(dropped_rows=left)
+                    return
+            elif max(statuses) == 0:
+                return
+            if pending is None:
+                yield self._emit(self._filler(), epoch, step, 0)
+            else:
+                batch, n = self._convert(pending, epoch, step * lb, self.ctx)
+                yield self._emit(batch, epoch, step, n)
+                pending = next(it, None)
+            step += 1
 
-    def make_source_prev(*a, **kw):
-        kw.pop("first_read", None)
-        return make_source(*a, **kw)
-
-    def exchange_prev(self, tag, value, stop=None):
-        if self.process_count == 1:
-            return [value]
-        client = self._client()
-        prefix = f"{self._ns}/{tag}"
-        client.key_value_set(f"{prefix}/{self.process_index}", value)
-        out = []
-        deadline = time.monotonic() + self.timeout_s
-        for h in range(self.process_count):
-            sleep = 0.001
-            while True:
-                got = _compat.kv_try_get(client, f"{prefix}/{h}")
-                if got is not None:
-                    out.append(got)
-                    break
-                if stop is not None and stop.is_set():
-                    raise _agree.Stopped(tag)
-                if time.monotonic() > deadline:
-                    raise TimeoutError(tag)
-                time.sleep(sleep)
-                sleep = min(sleep * 2, 0.05)
-        return out
-
-    _jaxloader.make_source = make_source_prev
-    _agree.Agreement.exchange = exchange_prev
+    _produce.Producer._agreed_epoch = agreed_epoch_prev
 
 
 def host_run(cfg: dict, it) -> dict:
@@ -206,7 +203,7 @@ def host_run(cfg: dict, it) -> dict:
             _patch_previous_loader()
         if cfg["case"] == "slicefeed_noexchange":
             # Diagnostic only: this corpus gives every host the same full batches, so
-            # each host's own status is every host's; what the per-step exchange costs.
+            # each host's own report is every host's; what the exchange costs.
             from slicefeed.pipelines._loader import _agree
 
             _agree.Agreement.exchange = lambda self, tag, value, stop=None: (

@@ -86,7 +86,10 @@ class JaxLoader:
         prefetch: Batches kept on device ahead of the consumer.
         ray_prefetch_batches: Ray Data's own host-side prefetch.
         state: A ``state_dict()`` to resume from.
-        sync_timeout_s: Timeout of the multi-host key-value exchange.
+        sync_timeout_s: Timeout of the multi-host key-value exchange. With row
+            counts unknown, the hosts agree on groups of up to 16 steps per
+            exchange; each host then holds up to that many local batches read
+            ahead (at most about 32 MB of them).
         storage_options: Passed to ``resolve_filesystem`` for a URI source.
         reader: For a committed dataset: ``"local"`` reads windows in this
             process on ``local_read_ahead`` threads; ``"ray"`` runs one Ray Data
@@ -389,7 +392,9 @@ class JaxLoader:
         Ray's object store with ``reader="ray"``; copies inside Ray Data for a
         Dataset source are Ray's and not counted), input stall (time ``next()``
         waited, total/max/last/mean per step), time_to_first_batch_s (from
-        construction)."""
+        construction), ``agreements`` (key-value exchanges of the step count with
+        the other hosts when row counts are unknown: one per group of up to 16
+        steps, not one per step; 0 on one host or with known counts)."""
         with self._stats.lock:
             s = dict(self._stats.values)
         s["rows_delivered"] = s["rows"]

@@ -20,6 +20,12 @@ from slicefeed.pipelines._loader._placement import Placement
 from slicefeed.pipelines._loader._plan import ElasticEpoch
 from slicefeed.pipelines._loader._sources import ReadContext, Source
 
+#: Most steps the hosts agree on in one key-value exchange when row counts are
+#: unknown; each host holds at most that many tables read ahead, and at most about
+#: GROUP_BYTES of them (the memory of one committed-dataset read window).
+GROUP_MAX = 16
+GROUP_BYTES = 32 << 20
+
 
 class Stats:
     """Counters shared by the producer and the consumer (thread-safe)."""
@@ -41,6 +47,7 @@ class Stats:
             "input_stall_s_max": 0.0,
             "input_stall_s_last": 0.0,
             "time_to_first_batch_s": None,
+            "agreements": 0,
         }
 
     def add(self, **kw: int) -> None:
@@ -94,6 +101,10 @@ class Producer:
         self.row_bytes = row_bytes
         self.stats = stats
         self.lb = ctx.batch_rows
+        # Steps agreed per exchange (see _agreed_epoch); one host needs no exchange.
+        self.group = 1
+        self.group_max = 1 if agreement.process_count == 1 else max(
+            1, min(GROUP_MAX, GROUP_BYTES // max(self.lb * row_bytes, 1)))
         # (epoch, plan) of a committed dataset's epoch resumed on another host layout.
         self.resumed: tuple[int, ElasticEpoch] | None = None
 
@@ -182,32 +193,88 @@ class Producer:
             step += 1
 
     def _agreed_epoch(self, tables, epoch: int, start: int):
-        """Equal steps when row counts are unknown: a per-step status exchange
-        (2 full batch, 1 partial, 0 none)."""
+        """Equal steps when row counts are unknown, agreed per group of steps.
+
+        Each round, every host reads ahead until it holds ``group`` tables (or its
+        data ends) and reports ``held,full,end``: tables held, leading full ones
+        among them, whether its data ended. All hosts then take the same number of
+        steps from what they hold before the next exchange:
+
+        - ``"drop"``: ``min(full)`` steps; the epoch ends after them if a host
+          whose full tables run out at that point (ended, or a partial table
+          next) is among the minimum; its remaining rows are counted, never
+          converted.
+        - ``"pad"``: ``min(held)`` over hosts whose data has not ended, or, once
+          every host's has, ``max(held)`` steps and the epoch ends; a host out of
+          tables takes fully masked steps.
+
+        ``group`` starts at 1 (the first batch waits for one table, as before) and
+        doubles after every round in which every host held a full group, up to
+        ``self.group_max`` (at most ``group_max`` tables of ``local_batch_size``
+        rows are held beyond what the source itself reads ahead). A read error
+        with tables held is raised after those are delivered, as without read-ahead.
+        """
         lb, step = self.lb, start
         it = iter(tables)
-        pending = next(it, None)
+        held: list = []
+        ended = False
+        error: BaseException | None = None
+        sent: list[str] = []
         while True:
-            status = 0 if pending is None else 2 if pending.num_rows == lb else 1
-            statuses = [
-                int(v)
-                for v in self.agreement.exchange(f"e{epoch}/s{step}", str(status), self.ctx.stop)
-            ]
-            if step >= 2:
-                self.agreement.forget(f"e{epoch}/s{step - 2}")
-            if self.remainder == "drop":
-                if min(statuses) < 2:
-                    left = pending.num_rows if pending is not None else 0
-                    for t in it:  # drain to count what this host drops (not converted)
-                        left += t.num_rows
-                    self.stats.add(dropped_rows=left)
-                    return
-            elif max(statuses) == 0:
+            if error is not None:
+                raise error
+            while not ended and len(held) < self.group and not self.ctx.stop.is_set():
+                try:
+                    table = next(it, None)
+                except Exception as e:  # raised after the held tables are delivered
+                    if not held:
+                        raise
+                    error = e
+                    break
+                if table is None:
+                    ended = True
+                else:
+                    held.append(table)
+            if self.ctx.stop.is_set():
                 return
-            if pending is None:
-                yield self._emit(self._filler(), epoch, step, 0)
+            full = 0
+            while full < len(held) and held[full].num_rows == lb:
+                full += 1
+            tag = f"e{epoch}/s{step}"
+            got = self.agreement.exchange(tag, f"{len(held)},{full},{int(ended)}", self.ctx.stop)
+            if self.agreement.process_count > 1:
+                self.stats.add(agreements=1)
+                sent.append(tag)
+                if len(sent) > 2:  # every host has read it: each has set a later key
+                    self.agreement.forget(sent.pop(0))
+            reports = [tuple(int(x) for x in v.split(",")) for v in got]
+            if self.remainder == "drop":
+                n = min(f for _, f, _ in reports)
+                final = any(f == n and (e or f < h) for h, f, e in reports)
             else:
-                batch, n = self._convert(pending, epoch, step * lb, self.ctx)
-                yield self._emit(batch, epoch, step, n)
-                pending = next(it, None)
-            step += 1
+                live = [h for h, _, e in reports if not e]
+                final = not live
+                n = max(h for h, _, _ in reports) if final else min(live)
+            grow = all(h == self.group and not e for h, _, e in reports)
+            for _ in range(n):
+                if self.ctx.stop.is_set():
+                    return
+                if held:
+                    table = held.pop(0)
+                    batch, rows = self._convert(table, epoch, step * lb, self.ctx)
+                    yield self._emit(batch, epoch, step, rows)
+                else:
+                    yield self._emit(self._filler(), epoch, step, 0)
+                step += 1
+            if final:
+                if self.remainder == "drop":
+                    left = sum(t.num_rows for t in held)
+                    if error is None:
+                        for t in it:  # drain to count what this host drops (not converted)
+                            left += t.num_rows
+                    self.stats.add(dropped_rows=left)
+                if error is not None:
+                    raise error
+                return
+            if grow:
+                self.group = min(2 * self.group, self.group_max)

@@ -1,7 +1,8 @@
 """One simulated host of a 2-host slice: jax.distributed (gloo) + JaxLoader.
 
 argv[1]: JSON {"coordinator", "process_id", "num_processes", "address" (Ray GCS),
-"uri" (committed dataset), "sizes" (rows of each host's own Dataset), "out"}.
+"uri" (committed dataset), "sizes" (rows of each host's own Dataset), "long_sizes"
+(the same for the "long" cases: many steps of unknown row count), "out"}.
 Writes a JSON report to ``out``: for each case, per epoch, the ids this host
 delivered (mask applied), steps, stats, and the jitted global sums.
 """
@@ -47,6 +48,8 @@ def main():
     sizes = cfg["sizes"]
     start = sum(sizes[:h])
     own = ray.data.from_arrow(make_table(start, sizes[h]))
+    long_sizes = cfg["long_sizes"]
+    long = ray.data.from_arrow(make_table(sum(long_sizes[:h]), long_sizes[h]))
 
     @jax.jit
     def step(batch):
@@ -60,6 +63,8 @@ def main():
         "known-drop": (own, "drop"),
         "unknown-pad": (own.map_batches(lambda b: b, batch_format="pyarrow"), "pad"),
         "unknown-drop": (own.map_batches(lambda b: b, batch_format="pyarrow"), "drop"),
+        "long-pad": (long.map_batches(lambda b: b, batch_format="pyarrow"), "pad"),
+        "long-drop": (long.map_batches(lambda b: b, batch_format="pyarrow"), "drop"),
     }
     report = {}
     for name, (src, remainder) in cases.items():

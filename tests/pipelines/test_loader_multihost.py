@@ -16,6 +16,7 @@ from tests.pipelines.conftest import run_worker, wait_all
 def test_two_hosts_unequal_shards(committed, ray_address, tmp_path):
     uri, n = committed
     sizes = [37, 61]  # each host's own Dataset: different sizes
+    long_sizes = [8 * 40 + 3, 8 * 46 + 5]  # unknown counts, many steps: agreed in groups
     port = free_port()
     procs, outs = [], []
     for pid in range(2):
@@ -28,6 +29,7 @@ def test_two_hosts_unequal_shards(committed, ray_address, tmp_path):
             "address": ray_address,
             "uri": uri,
             "sizes": sizes,
+            "long_sizes": long_sizes,
             "out": out,
         }
         procs.append(
@@ -39,7 +41,7 @@ def test_two_hosts_unequal_shards(committed, ray_address, tmp_path):
         )
     wait_all(procs, timeout=240)
     reports = [json.loads(Path(o).read_text()) for o in outs]
-    totals = {"uri": n, "known": sum(sizes), "unknown": sum(sizes)}
+    totals = {"uri": n, "known": sum(sizes), "unknown": sum(sizes), "long": sum(long_sizes)}
     for case in reports[0]:
         kind, remainder = case.split("-")
         r0, r1 = reports[0][case], reports[1][case]
@@ -47,8 +49,16 @@ def test_two_hosts_unequal_shards(committed, ray_address, tmp_path):
         assert len(r0["sums"]) == len(r1["sums"]) > 0, case
         assert r0["sums"] == r1["sums"], case
         assert r0["steps_per_epoch"] == r1["steps_per_epoch"]
-        if kind == "unknown":
+        if kind in ("unknown", "long"):
             assert r0["steps_per_epoch"] is None
+            # Steps are agreed per group through the key-value store, not per step.
+            agreed = r0["stats"]["agreements"]
+            assert agreed == r1["stats"]["agreements"] > 0, case
+            assert agreed < len(r0["sums"]), (case, agreed, len(r0["sums"]))
+            if kind == "long":
+                assert 4 * agreed < len(r0["sums"]), (case, agreed, len(r0["sums"]))
+        else:
+            assert r0["stats"]["agreements"] == r1["stats"]["agreements"] == 0, case
         for epoch in ("0", "1"):
             ids = [i for r in (r0, r1) for batch in r["epochs"][epoch] for i in batch]
             assert len(ids) == len(set(ids)), f"{case}: a row was delivered twice"
@@ -67,6 +77,8 @@ def test_two_hosts_unequal_shards(committed, ray_address, tmp_path):
     assert reports[0]["known-pad"]["steps_per_epoch"] == -(-61 // 8)
     assert len(reports[0]["unknown-pad"]["sums"]) == 2 * -(-61 // 8)
     assert len(reports[0]["unknown-drop"]["sums"]) == 2 * (37 // 8)
+    assert len(reports[0]["long-pad"]["sums"]) == 2 * -(-long_sizes[1] // 8)
+    assert len(reports[0]["long-drop"]["sums"]) == 2 * (long_sizes[0] // 8)
 
 
 @pytest.mark.slow
