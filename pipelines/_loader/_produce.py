@@ -211,26 +211,18 @@ class Producer:
         ``group`` starts at 1 (the first batch waits for one table, as before) and
         doubles after every round in which every host held a full group, up to
         ``self.group_max`` (at most ``group_max`` tables of ``local_batch_size``
-        rows are held beyond what the source itself reads ahead). A read error
-        with tables held is raised after those are delivered, as without read-ahead.
+        rows are held beyond what the source itself reads ahead). A read error is
+        raised at once (every step agreed before it has been delivered); the other
+        hosts' next exchange then times out naming this host.
         """
         lb, step = self.lb, start
         it = iter(tables)
         held: list = []
         ended = False
-        error: BaseException | None = None
         sent: list[str] = []
         while True:
-            if error is not None:
-                raise error
             while not ended and len(held) < self.group and not self.ctx.stop.is_set():
-                try:
-                    table = next(it, None)
-                except Exception as e:  # raised after the held tables are delivered
-                    if not held:
-                        raise
-                    error = e
-                    break
+                table = next(it, None)
                 if table is None:
                     ended = True
                 else:
@@ -269,12 +261,9 @@ class Producer:
             if final:
                 if self.remainder == "drop":
                     left = sum(t.num_rows for t in held)
-                    if error is None:
-                        for t in it:  # drain to count what this host drops (not converted)
-                            left += t.num_rows
+                    for t in it:  # drain to count what this host drops (not converted)
+                        left += t.num_rows
                     self.stats.add(dropped_rows=left)
-                if error is not None:
-                    raise error
                 return
             if grow:
                 self.group = min(2 * self.group, self.group_max)
