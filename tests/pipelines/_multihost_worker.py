@@ -4,7 +4,8 @@ argv[1]: JSON {"coordinator", "process_id", "num_processes", "address" (Ray GCS)
 "uri" (committed dataset), "sizes" (rows of each host's own Dataset), "long_sizes"
 (the same for the "long" cases: many steps of unknown row count), "out"}.
 Writes a JSON report to ``out``: for each case, per epoch, the ids this host
-delivered (mask applied), steps, stats, and the jitted global sums.
+delivered (mask applied), steps, stats, and the jitted global sums; then, to
+``out + ".error.json"``, the steps and error of a loader whose source fails on host 0.
 """
 
 import json
@@ -92,6 +93,31 @@ def main():
         }
     with open(cfg["out"], "w") as f:
         json.dump(report, f)
+
+    # A read error on host 0 (past its first groups of steps): host 0 raises it,
+    # host 1's next exchange times out naming host 0; both took the same steps.
+    first_bad = sum(long_sizes[:1]) // 2
+
+    def fail_on_host0(b):
+        if h == 0 and max(b["id"].to_pylist()) >= first_bad:
+            raise ValueError(f"bad row {first_bad} (test)")
+        return b
+
+    lo = sum(long_sizes[:h])
+    blocks = ray.data.from_arrow([make_table(i, min(32, lo + long_sizes[h] - i))
+                                  for i in range(lo, lo + long_sizes[h], 32)])
+    steps, error = 0, None
+    try:  # Ray may run the failing block already while the loader reads the schema
+        loader = JaxLoader(
+            blocks.map_batches(fail_on_host0, batch_size=32, batch_format="pyarrow"),
+            global_batch_size=16, remainder="pad", host_local=True, sync_timeout_s=3)
+        for batch in loader:
+            step(batch)
+            steps += 1
+    except Exception as e:  # noqa: BLE001 - reported
+        error = f"{type(e).__name__}: {str(e)[:3000]}"
+    with open(cfg["out"] + ".error.json", "w") as f:
+        json.dump({"steps": steps, "error": error}, f)
     jax.distributed.shutdown()
 
 

@@ -79,6 +79,11 @@ def test_two_hosts_unequal_shards(committed, ray_address, tmp_path):
     assert len(reports[0]["unknown-drop"]["sums"]) == 2 * (37 // 8)
     assert len(reports[0]["long-pad"]["sums"]) == 2 * -(-long_sizes[1] // 8)
     assert len(reports[0]["long-drop"]["sums"]) == 2 * (long_sizes[0] // 8)
+    # a read error on host 0 ends both hosts, after the same steps, naming the cause
+    errs = [json.loads(Path(o + ".error.json").read_text()) for o in outs]
+    assert errs[0]["steps"] == errs[1]["steps"], errs
+    assert "bad row" in (errs[0]["error"] or ""), errs
+    assert (errs[1]["error"] or "").startswith("TimeoutError") and "host 0" in errs[1]["error"]
 
 
 @pytest.mark.slow
