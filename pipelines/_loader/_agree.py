@@ -73,7 +73,7 @@ class Agreement:
                 continue
             while True:
                 # A server-side wait answers as soon as the key is set (a poll loop
-                # overshoots by up to its sleep, once per step); waiting in slices
+                # overshoots by up to its sleep, once per exchange); waiting in slices
                 # of _WAIT_S notices a stop request.
                 t = time.monotonic()
                 left = deadline - t

@@ -369,7 +369,7 @@ class JaxLoader:
 
         Raises:
             TypeError: the count is only found while reading (the hosts agree
-                step by step), so there is no length up front.
+                on the steps while reading), so there is no length up front.
         """
         if self.steps_per_epoch is None:
             raise TypeError(
