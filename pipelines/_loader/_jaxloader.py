@@ -368,8 +368,8 @@ class JaxLoader:
         from a state saved on another host layout has fewer steps.
 
         Raises:
-            TypeError: the count is only found while reading (the hosts agree
-                on the steps while reading), so there is no length up front.
+            TypeError: the count is only found while reading (the hosts agree on
+                groups of steps as they go), so there is no length up front.
         """
         if self.steps_per_epoch is None:
             raise TypeError(
