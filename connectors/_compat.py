@@ -221,6 +221,23 @@ def kv_wait(client: Any, key: str, timeout_ms: int) -> str | None:
         return None
 
 
+def kv_create(client: Any, key: str, value: str) -> bool:
+    """Sets ``key`` in JAX's key-value store only if it is not set: True if this
+    call set it, False if it was already set (the store refuses an overwrite
+    atomically, so of several hosts creating one key exactly one wins).
+
+    Raises:
+        Exception: jaxlib's error for anything else (the store unreachable).
+    """
+    try:
+        client.key_value_set(key, value, allow_overwrite=False)
+    except Exception as e:
+        if "ALREADY_EXISTS" in str(e):
+            return False
+        raise
+    return True
+
+
 def task_retry_options(retries: int) -> dict[str, Any]:
     """Ray Data task options that rerun a task whose worker died at most ``retries`` times.
 

@@ -105,6 +105,8 @@ class Producer:
         self.group = 1
         self.group_max = 1 if agreement.process_count == 1 else max(
             1, min(GROUP_MAX, GROUP_BYTES // max(self.lb * row_bytes, 1)))
+        # Tag of this host's next exchange (unknown row counts): where a failure is published.
+        self.next_tag = ""
         # (epoch, plan) of a committed dataset's epoch resumed on another host layout.
         self.resumed: tuple[int, ElasticEpoch] | None = None
 
@@ -129,21 +131,42 @@ class Producer:
                 plan = self.resumed[1]
                 ctx = dataclasses.replace(ctx, spans=plan.spans)
                 steps, share = plan.steps, plan.share
-            tables = self.source.tables(epoch, start * self.lb, ctx)
+            if steps is not None:
+                tables = self.source.tables(epoch, start * self.lb, ctx)
+            else:
+                self.next_tag = f"e{epoch}/s{start}"
+                try:
+                    tables = self.source.tables(epoch, start * self.lb, ctx)
+                except Exception as e:
+                    self._publish(e)
+                    raise
             try:
                 if steps is not None:
                     yield from self._known_epoch(tables, epoch, start, ctx, steps, share)
                 else:
-                    yield from self._agreed_epoch(tables, epoch, start)
+                    try:
+                        yield from self._agreed_epoch(tables, epoch, start)
+                    except Exception as e:
+                        self._publish(e)
+                        raise
             finally:
                 close = getattr(tables, "close", None)
                 if close is not None:
                     close()
             epoch, start = epoch + 1, 0
 
+    def _publish(self, error: BaseException) -> None:
+        """Tells the other hosts this one failed before its next exchange (see
+        ``_agreed_epoch``); a no-op for a tag already decided (an exchange's own
+        error) and when stopping."""
+        if not self.ctx.stop.is_set():
+            self.agreement.fail(self.next_tag, error)
+
     # ------------------------------------------------------------------ one batch
 
-    def _convert(self, table, epoch: int, first_row: int, ctx: ReadContext) -> tuple[dict, int]:
+    def _host(self, table, epoch: int, first_row: int, ctx: ReadContext) -> dict:
+        """One local batch as host arrays (padded, with the mask): the conversion
+        that can fail on bad values, before any device transfer."""
         counter = [0, 0]  # column copies, bytes copied
         source = self.source
 
@@ -159,7 +182,11 @@ class Producer:
         if self.mask_key:
             host[self.mask_key] = np.arange(self.lb) < n
         self.stats.add(host_copies=counter[0], host_copy_bytes=counter[1], host_copy_batches=1)
-        return self.placement.to_global(host), n
+        return host
+
+    def _convert(self, table, epoch: int, first_row: int, ctx: ReadContext) -> tuple[dict, int]:
+        host = self._host(table, epoch, first_row, ctx)
+        return self.placement.to_global(host), table.num_rows
 
     def _filler(self) -> dict:
         host = empty_batch(self.specs, self.lb)
@@ -195,49 +222,58 @@ class Producer:
     def _agreed_epoch(self, tables, epoch: int, start: int):
         """Equal steps when row counts are unknown, agreed per group of steps.
 
-        Each round, every host reads ahead until it holds ``group`` tables (or its
-        data ends) and reports ``held,full,end``: tables held, leading full ones
-        among them, whether its data ended. All hosts then take the same number of
-        steps from what they hold before the next exchange:
+        Each round, every host reads ahead until it holds ``group`` local batches
+        (or its data ends), converts them to host arrays, and reports
+        ``held,full,end``: batches held, leading full ones among them, whether its
+        data ended. All hosts then take the same number of steps from what they
+        hold before the next exchange:
 
         - ``"drop"``: ``min(full)`` steps; the epoch ends after them if a host
-          whose full tables run out at that point (ended, or a partial table
-          next) is among the minimum; its remaining rows are counted, never
-          converted.
+          whose full batches run out at that point (ended, or a partial batch
+          next) is among the minimum; its remaining rows are counted, and a
+          partial batch is never converted.
         - ``"pad"``: ``min(held)`` over hosts whose data has not ended, or, once
           every host's has, ``max(held)`` steps and the epoch ends; a host out of
-          tables takes fully masked steps.
+          batches takes fully masked steps.
 
         ``group`` starts at 1 (the first batch waits for one table, as before) and
         doubles after every round in which every host held a full group, up to
-        ``self.group_max`` (at most ``group_max`` tables of ``local_batch_size``
-        rows are held beyond what the source itself reads ahead). A read error is
-        raised at once (every step agreed before it has been delivered); the other
-        hosts' next exchange then times out naming this host.
+        ``self.group_max`` (at most ``group_max`` batches of ``local_batch_size``
+        rows are held beyond what the source itself reads ahead).
+
+        A host takes no step that another host might not take: a read or
+        conversion error happens before this host reports the round, and is
+        published under the round's tag (``Agreement.fail``) before it is raised,
+        so the other hosts' exchange of that round raises at once naming this host
+        and none of them takes its steps. After a round is agreed only the device
+        transfer of each agreed batch remains.
         """
         lb, step = self.lb, start
         it = iter(tables)
-        held: list = []
+        held: list[tuple[dict | None, int]] = []  # (host arrays, None if not converted; rows)
         ended = False
         sent: list[str] = []
         while True:
+            tag = self.next_tag = f"e{epoch}/s{step}"
             while not ended and len(held) < self.group and not self.ctx.stop.is_set():
                 table = next(it, None)
                 if table is None:
                     ended = True
+                elif table.num_rows < lb and self.remainder == "drop":
+                    held.append((None, table.num_rows))  # dropped: never converted
                 else:
-                    held.append(table)
+                    first = (step + len(held)) * lb
+                    held.append((self._host(table, epoch, first, self.ctx), table.num_rows))
             if self.ctx.stop.is_set():
                 return
             full = 0
-            while full < len(held) and held[full].num_rows == lb:
+            while full < len(held) and held[full][1] == lb:
                 full += 1
-            tag = f"e{epoch}/s{step}"
             got = self.agreement.exchange(tag, f"{len(held)},{full},{int(ended)}", self.ctx.stop)
             if self.agreement.process_count > 1:
                 self.stats.add(agreements=1)
                 sent.append(tag)
-                if len(sent) > 2:  # every host has read it: each has set a later key
+                if len(sent) > 2:  # every host has decided it: each has set a later key
                     self.agreement.forget(sent.pop(0))
             reports = [tuple(int(x) for x in v.split(",")) for v in got]
             if self.remainder == "drop":
@@ -248,19 +284,20 @@ class Producer:
                 final = not live
                 n = max(h for h, _, _ in reports) if final else min(live)
             grow = all(h == self.group and not e for h, _, e in reports)
+            # A failure while delivering this round's steps is published under the next.
+            self.next_tag = f"e{epoch + 1}/s0" if final else f"e{epoch}/s{step + n}"
             for _ in range(n):
                 if self.ctx.stop.is_set():
                     return
                 if held:
-                    table = held.pop(0)
-                    batch, rows = self._convert(table, epoch, step * lb, self.ctx)
-                    yield self._emit(batch, epoch, step, rows)
+                    host, rows = held.pop(0)
+                    yield self._emit(self.placement.to_global(host), epoch, step, rows)
                 else:
                     yield self._emit(self._filler(), epoch, step, 0)
                 step += 1
             if final:
                 if self.remainder == "drop":
-                    left = sum(t.num_rows for t in held)
+                    left = sum(rows for _, rows in held)
                     for t in it:  # drain to count what this host drops (not converted)
                         left += t.num_rows
                     self.stats.add(dropped_rows=left)
