@@ -5,11 +5,14 @@ argv[1]: JSON {"coordinator", "process_id", "num_processes", "address" (Ray GCS)
 (the same for the "long" cases: many steps of unknown row count), "out"}.
 Writes a JSON report to ``out``: for each case, per epoch, the ids this host
 delivered (mask applied), steps, stats, and the jitted global sums; then, to
-``out + ".error.json"``, the steps and error of a loader whose source fails on host 0.
+``out + ".error.json"``, the steps and error of a loader whose source fails on host 0
+("fail") and of one that host 1 creates only after host 0 gave up waiting ("late").
 """
 
 import json
 import sys
+import time
+from pathlib import Path
 
 from tests._harness import configure_process_env
 
@@ -94,8 +97,10 @@ def main():
     with open(cfg["out"], "w") as f:
         json.dump(report, f)
 
-    # A read error on host 0 (past its first groups of steps): host 0 raises it,
-    # host 1's next exchange times out naming host 0; both took the same steps.
+    # A read error on host 0 (past its first groups of steps): host 0 raises it and
+    # publishes it before its next exchange; host 1's exchange raises naming host 0
+    # and its error; both took the same steps. The timeout is generous (a loaded
+    # machine): nothing here waits for it unless a host fails to publish.
     first_bad = sum(long_sizes[:1]) // 2
 
     def fail_on_host0(b):
@@ -106,18 +111,40 @@ def main():
     lo = sum(long_sizes[:h])
     blocks = ray.data.from_arrow([make_table(i, min(32, lo + long_sizes[h] - i))
                                   for i in range(lo, lo + long_sizes[h], 32)])
-    steps, error = 0, None
-    try:  # Ray may run the failing block already while the loader reads the schema
-        loader = JaxLoader(
-            blocks.map_batches(fail_on_host0, batch_size=32, batch_format="pyarrow"),
-            global_batch_size=16, remainder="pad", host_local=True, sync_timeout_s=3)
-        for batch in loader:
-            step(batch)
-            steps += 1
-    except Exception as e:  # noqa: BLE001 - reported
-        error = f"{type(e).__name__}: {str(e)[:3000]}"
-    with open(cfg["out"] + ".error.json", "w") as f:
-        json.dump({"steps": steps, "error": error}, f)
+    errors = {}
+
+    def run_until_error(name, make_loader):
+        steps, error = 0, None
+        try:
+            loader = make_loader()
+            for batch in loader:
+                total, _ = step(batch)
+                int(total)  # a collective every host must join: blocks if one does not
+                steps += 1
+        except Exception as e:  # noqa: BLE001 - reported
+            error = f"{type(e).__name__}: {str(e)[:3000]}"
+        errors[name] = {"steps": steps, "error": error}
+        tmp = Path(cfg["out"] + ".error.json.tmp")
+        tmp.write_text(json.dumps(errors))
+        tmp.replace(cfg["out"] + ".error.json")  # whole, for the other host to read
+
+    # Ray may run the failing block already while the loader reads the schema (host
+    # 0 then fails before any exchange and host 1 times out naming it).
+    run_until_error("fail", lambda: JaxLoader(
+        blocks.map_batches(fail_on_host0, batch_size=32, batch_format="pyarrow"),
+        global_batch_size=16, remainder="pad", host_local=True, sync_timeout_s=60))
+
+    # A late host: host 1 creates its loader only once host 0 has given up waiting
+    # for it. Host 0's report of the first step is still in the store; host 1 must
+    # not take that step (and its collective) alone.
+    late = blocks.map_batches(lambda b: b, batch_size=32, batch_format="pyarrow")
+    other = Path(cfg["out"]).with_name("host0.json.error.json")  # see the test's names
+    deadline = time.monotonic() + 300
+    while h == 1 and time.monotonic() < deadline and (
+            not other.exists() or "late" not in json.loads(other.read_text())):
+        time.sleep(0.05)
+    run_until_error("late", lambda: JaxLoader(
+        late, global_batch_size=16, remainder="pad", host_local=True, sync_timeout_s=2))
     jax.distributed.shutdown()
 
 

@@ -79,11 +79,21 @@ def test_two_hosts_unequal_shards(committed, ray_address, tmp_path):
     assert len(reports[0]["unknown-drop"]["sums"]) == 2 * (37 // 8)
     assert len(reports[0]["long-pad"]["sums"]) == 2 * -(-long_sizes[1] // 8)
     assert len(reports[0]["long-drop"]["sums"]) == 2 * (long_sizes[0] // 8)
-    # a read error on host 0 ends both hosts, after the same steps, naming the cause
     errs = [json.loads(Path(o + ".error.json").read_text()) for o in outs]
-    assert errs[0]["steps"] == errs[1]["steps"], errs
-    assert "bad row" in (errs[0]["error"] or ""), errs
-    assert (errs[1]["error"] or "").startswith("TimeoutError") and "host 0" in errs[1]["error"]
+    # A read error on host 0 ends both hosts after the same steps; host 1's error
+    # names host 0 (and its error, once host 0 got as far as an exchange).
+    fail0, fail1 = errs[0]["fail"], errs[1]["fail"]
+    assert fail0["steps"] == fail1["steps"], errs
+    assert "bad row" in (fail0["error"] or ""), errs
+    e1 = fail1["error"] or ""
+    assert "host 0" in e1, errs
+    assert (e1.startswith("RuntimeError") and "host 0 failed" in e1 and "bad row" in e1) or (
+        fail0["steps"] == 0 and e1.startswith("TimeoutError")), errs
+    # A host arriving after another gave up waiting for it takes no step alone.
+    late0, late1 = errs[0]["late"], errs[1]["late"]
+    assert late0["steps"] == late1["steps"] == 0, errs
+    for e in (late0["error"], late1["error"]):
+        assert (e or "").startswith("TimeoutError") and "host 1 did not report" in e, errs
 
 
 @pytest.mark.slow
