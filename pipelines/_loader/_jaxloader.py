@@ -89,7 +89,11 @@ class JaxLoader:
         sync_timeout_s: Timeout of the multi-host key-value exchange. With row
             counts unknown, the hosts agree on groups of up to 16 steps per
             exchange; each host then holds up to that many local batches read
-            ahead (at most about 32 MB of them).
+            ahead and converted (at most about 32 MB of them). Every host takes
+            the same steps: a host whose source fails publishes its error
+            before its next exchange, and the other hosts raise a
+            ``RuntimeError`` naming it there; a host that stops reporting makes
+            every host raise a ``TimeoutError`` naming it after this long.
         storage_options: Passed to ``resolve_filesystem`` for a URI source.
         reader: For a committed dataset: ``"local"`` reads windows in this
             process on ``local_read_ahead`` threads; ``"ray"`` runs one Ray Data
