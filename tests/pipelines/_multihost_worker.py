@@ -9,6 +9,7 @@ delivered (mask applied), steps, stats, and the jitted global sums; then, to
 ("fail") and of one that host 1 creates only after host 0 gave up waiting ("late").
 """
 
+import faulthandler
 import json
 import sys
 import time
@@ -36,6 +37,8 @@ def local_rows(arr):
 
 def main():
     cfg = json.loads(sys.argv[1])
+    # Where a hang is: every thread's stack in the output the test shows on timeout.
+    faulthandler.dump_traceback_later(540, exit=False)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(
         cfg["coordinator"], num_processes=cfg["num_processes"], process_id=cfg["process_id"]

@@ -39,7 +39,9 @@ def test_two_hosts_unequal_shards(committed, ray_address, tmp_path):
                 env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"},
             )
         )
-    wait_all(procs, timeout=240)
+    # Under a minute on an idle machine; the bound is for a loaded 2-core CI runner.
+    # A worker still running after 540 s prints its threads' stacks first (worker).
+    wait_all(procs, timeout=600)
     reports = [json.loads(Path(o).read_text()) for o in outs]
     totals = {"uri": n, "known": sum(sizes), "unknown": sum(sizes), "long": sum(long_sizes)}
     for case in reports[0]:
@@ -98,8 +100,9 @@ def test_two_hosts_unequal_shards(committed, ray_address, tmp_path):
 
 @pytest.mark.slow
 def test_close_returns_while_an_exchange_waits(ray_address, tmp_path):
-    """close() returns within a second while the prefetch thread waits for a host
-    that never reports (the key-value wait polls; a blocking get cannot be interrupted)."""
+    """close() returns at once (about 0.5 s) while the prefetch thread waits for a host
+    that never reports, and the thread ends soon after, not at the exchange's
+    timeout (the key-value wait is in slices; a blocking get cannot be interrupted)."""
     port = free_port()
     out = str(tmp_path / "close.json")
     procs = [
@@ -111,9 +114,11 @@ def test_close_returns_while_an_exchange_waits(ray_address, tmp_path):
         )
         for pid in range(2)
     ]
-    wait_all(procs, timeout=240)
+    wait_all(procs, timeout=600)  # seconds on an idle machine; bound for a loaded one
     r = json.loads(Path(out).read_text())
-    assert r["close_s"] < 1.0, r
+    # Far below the exchange's 20 s timeout (about 0.5 s on an idle machine):
+    # close() did not wait for it; generous for a loaded 2-core machine.
+    assert r["close_s"] < 5.0, r
     assert r["consumer_returned"] and r["next"] == "StopIteration", r
     assert r["threads_left"] == [], r
 
