@@ -50,7 +50,13 @@ def main():
 
     t = threading.Thread(target=consume, daemon=True)
     t.start()
-    time.sleep(3)  # the producer is now waiting for host 1's status of step 0
+    # Close once the producer waits in the exchange of step 0 (its report is in
+    # the store), not while it still reads (a Ray read is not interruptible).
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not [
+            k for k, _ in client.key_value_dir_get("slicefeed/jaxloader/") if "/e0/s0/" in k]:
+        time.sleep(0.05)
+    time.sleep(0.5)  # inside its wait
     t0 = time.monotonic()
     loader.close()
     result["close_s"] = time.monotonic() - t0

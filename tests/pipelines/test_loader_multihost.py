@@ -13,6 +13,7 @@ from tests.pipelines.conftest import run_worker, wait_all
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(660)  # above wait_all's bound, which kills the workers
 def test_two_hosts_unequal_shards(committed, ray_address, tmp_path):
     uri, n = committed
     sizes = [37, 61]  # each host's own Dataset: different sizes
@@ -99,6 +100,7 @@ def test_two_hosts_unequal_shards(committed, ray_address, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(660)  # above wait_all's bound, which kills the workers
 def test_close_returns_while_an_exchange_waits(ray_address, tmp_path):
     """close() returns at once (about 0.5 s) while the prefetch thread waits for a host
     that never reports, and the thread ends soon after, not at the exchange's
