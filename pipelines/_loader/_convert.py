@@ -345,7 +345,11 @@ def _single_chunk(col: pa.ChunkedArray | pa.Array, counter: list[int]) -> pa.Arr
 def _values_of(arr: pa.Array) -> pa.Array:
     """The child values of the rows of a ``fixed_size_list`` array (honouring its
     slice offset): a zero-copy slice, without a compute-kernel dispatch
-    (``flatten()`` dispatches one per call, a fixed cost per batch)."""
+    (``flatten()`` dispatches one per call, a fixed cost per batch). Ray's
+    tensor extension stores its rows as a variable-length list: ``flatten()``,
+    which honours the slice's offsets."""
+    if not pa.types.is_fixed_size_list(arr.type):
+        return arr.flatten()
     size = arr.type.list_size
     return arr.values.slice(arr.offset * size, len(arr) * size)
 

@@ -164,3 +164,19 @@ def test_sliced_columns_convert_to_their_own_rows(layout):
                                           err_msg=f"{k} rows {lo}:{lo + n}")
     if layout == "fixed_size_list":
         np.testing.assert_array_equal(whole["tokens"].ravel(), np.arange(16, 16 * (N + 1)))
+
+
+def test_ray_tensor_columns_of_a_dataset_load_as_their_rows(env):
+    """Ray Data stores an ndarray column as its own tensor extension, whose
+    storage is a variable-length list (not fixed_size_list): a Dataset source
+    delivers each row's tensor, also for batches cut from inside a block."""
+    import ray
+
+    from slicefeed.pipelines import JaxLoader
+
+    x = np.arange(24 * 2 * 3, dtype=np.int32).reshape(24, 2, 3)
+    ds = ray.data.from_numpy(x)  # column "data", Ray's tensor type
+    assert "tensor" in str(ds.schema().types[0]).lower()
+    with JaxLoader(ds, global_batch_size=8, prefetch=1) as loader:
+        got = np.concatenate([np.asarray(b["data"]) for b in loader])
+    np.testing.assert_array_equal(got, x)
