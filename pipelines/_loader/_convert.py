@@ -454,7 +454,9 @@ def convert_column(
         if isinstance(a, pa.ExtensionArray):
             a = a.storage
         while pa.types.is_fixed_size_list(a.type):
+            _check_nulls(spec.name, a)
             a = _values_of(a)
+        _check_nulls(spec.name, a)  # a null element has no value (bool: not False)
         out = _primitive_view(a, counter).reshape((n,) + spec.row_shape)
     elif spec.kind == "varlen":
         L = spec.pad_length

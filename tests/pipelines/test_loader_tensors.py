@@ -180,3 +180,23 @@ def test_ray_tensor_columns_of_a_dataset_load_as_their_rows(env):
     with JaxLoader(ds, global_batch_size=8, prefetch=1) as loader:
         got = np.concatenate([np.asarray(b["data"]) for b in loader])
     np.testing.assert_array_equal(got, x)
+
+
+@pytest.mark.parametrize("value_type", ["int32", "bool"])
+def test_null_inside_a_tensor_is_refused_naming_the_column(env, local_dir, value_type):
+    """A null element inside a tensor row has no value to deliver: a SpecError
+    naming the column (not Arrow's zero-copy error, and never a bool null
+    silently delivered as False)."""
+    from slicefeed.connectors import SpecError
+    from slicefeed.pipelines import JaxLoader
+
+    vals = [(i % 2 == 1) if value_type == "bool" else i for i in range(N * 4)]
+    vals[13] = None
+    t = pa.fixed_shape_tensor(pa.type_for_alias(value_type), (2, 2))
+    col = pa.ExtensionArray.from_storage(
+        t, pa.FixedSizeListArray.from_arrays(pa.array(vals, t.value_type), 4))
+    uri = os.path.join(local_dir, "nulls")
+    _commit(uri, pa.table({"m": col, "label": pa.array(np.arange(N, dtype=np.int32))}))
+    with (pytest.raises(SpecError, match=r"column 'm' has 1 null"),
+          JaxLoader(uri, global_batch_size=8, prefetch=1) as loader):
+        list(loader)
