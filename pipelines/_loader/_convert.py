@@ -461,7 +461,10 @@ def convert_column(
     elif spec.kind == "varlen":
         L = spec.pad_length
         offsets = arr.offsets.to_numpy(zero_copy_only=False)  # n+1 ints, small
-        values = arr.values
+        # Only this batch's values: a slice's child holds the whole block's.
+        lo = int(offsets[0]) if n else 0
+        values = arr.values.slice(lo, int(offsets[-1]) - lo if n else 0)
+        offsets = offsets - lo
         if isinstance(values, pa.ExtensionArray):
             values = values.storage
         _check_nulls(spec.name, values)
