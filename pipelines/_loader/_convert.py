@@ -33,6 +33,10 @@ Dtype rules (decided from the schema, before any read):
 - ``pad_values`` applies to every column kind (padding of a partial batch,
   and within-row padding of variable-length lists); it must fit the output dtype.
 
+A null in a batch (a null row, or a null element inside one of its lists or
+tensors) is a :class:`SpecError` naming the column; only the batch's own rows
+are checked.
+
 A column made of several chunks (a batch spanning Ray blocks) is concatenated
 once (1 copy); a host-side ``dtypes`` cast is one more copy (``astype``);
 padding a partial final batch copies that batch once.
