@@ -222,9 +222,12 @@ def test_rerun_sees_input_changes_and_decides_before_ray(spec_file, local_dir):
     # Same spec, same input: nothing to do, decided without Ray (no cluster listens at that
     # address, so a run that started Ray would fail).
     no_ray = {"RAY_ADDRESS": _closed_port()}
-    r = slicefeed("run", spec_file, env=no_ray)
+    r = slicefeed("run", spec_file, env={**no_ray, "PYTHONPROFILEIMPORTTIME": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
     assert "nothing to do" in r.stdout
+    # Nor is Ray imported (seconds of start-up for a no-op, e.g. a nightly cron rerun).
+    imported = {ln.rsplit("|", 1)[1].strip() for ln in r.stderr.splitlines() if ln.startswith("import time:")}
+    assert "slicefeed.pipelines._pipeline" in imported and "ray" not in imported, sorted(imported)[:50]
     # Two files added, one changed: refused, saying so and how to proceed, still without Ray.
     raw = os.path.join(local_dir, "raw")
     for name in ("b.jsonl", "c.jsonl"):
