@@ -429,7 +429,7 @@ class _Stage:
     def __call__(self, table: pa.Table) -> pa.Table:
         import ray
 
-        from slicefeed.transforms import split_errors
+        from slicefeed.transforms import chain_steps, split_errors
 
         key = _batch_key(self.stage_id, table) if self.counters is not None else None
         if key is not None and self.transforms:
@@ -451,24 +451,35 @@ class _Stage:
                 self._handle_bad(bad, "read", delta)
             if RAW_COLUMN in table.column_names:
                 table = table.drop_columns([RAW_COLUMN])
-        for i, t in enumerate(self.transforms):
+        # Steps, not transforms: where two transforms fuse exactly (chain_steps),
+        # one call runs both; each keeps its own counters.
+        for step in chain_steps(self.transforms):
             if table.num_rows == 0:
                 # A batch emptied by bad records may lack the data columns
                 # (an unreadable file has none); transforms need them.
                 break
             n_in = table.num_rows
             t0 = time.perf_counter()
-            table, bad = split_errors(t(table))
-            tc = delta.transform(self.first_index + i, t)
-            tc.rows_in += n_in
-            tc.rows_out += table.num_rows
-            tc.rows_bad += bad.num_rows
-            tc.time_s += time.perf_counter() - t0
-            if t.reshapes_rows:
-                # Packing merges and splits rows: what goes in is not "filtered".
-                tc.slots, tc.tokens = _padding_counts(table)
+            table, bad = split_errors(step.fn(table))
+            # A fused step's bad rows are its first transform's; the rest of
+            # its transforms see the rows that remain (none: as if the loop
+            # had stopped before them).
+            for k in range(step.count):
+                i = step.first + k
+                t = self.transforms[i]
+                if k and table.num_rows == 0:
+                    break
+                tc = delta.transform(self.first_index + i, t)
+                tc.rows_in += n_in if k == 0 else table.num_rows
+                tc.rows_out += table.num_rows
+                if k == 0:
+                    tc.rows_bad += bad.num_rows
+                    tc.time_s += time.perf_counter() - t0
+                if t.reshapes_rows:
+                    # Packing merges and splits rows: what goes in is not "filtered".
+                    tc.slots, tc.tokens = _padding_counts(table)
             if bad.num_rows:
-                self._handle_bad(bad, t, delta)
+                self._handle_bad(bad, self.transforms[step.first], delta)
         if self.local is not None:
             self.local.add(delta)
         if self.counters is not None and delta:

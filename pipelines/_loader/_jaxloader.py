@@ -17,7 +17,12 @@ from slicefeed.pipelines._loader._options import LoaderOptions
 from slicefeed.pipelines._loader._placement import Placement
 from slicefeed.pipelines._loader._prefetch import Runtime
 from slicefeed.pipelines._loader._produce import Producer, Stats
-from slicefeed.pipelines._loader._sources import ManifestSource, ReadContext, make_source
+from slicefeed.pipelines._loader._sources import (
+    ManifestSource,
+    ReadContext,
+    make_source,
+    read_ahead_bytes_max,
+)
 
 #: Version 4: the host layout ("hosts") and the epoch's earlier layouts ("stages")
 #: are recorded apart from the plan, so a committed dataset resumes on other hosts
@@ -271,6 +276,9 @@ class JaxLoader:
             on_read=None,
         )
         self._stats = Stats()
+        # What may be held at once, from the settings (the memory benchmark's bound).
+        self._stats.values["read_ahead_bytes_max"] = read_ahead_bytes_max(src, ctx, rbytes)
+        self._stats.values["prefetch_bytes_max"] = opts.prefetch * lb * rbytes
         ctx = dataclasses.replace(ctx, on_read=self._stats.record)
         producer = Producer(
             source=src,
@@ -389,7 +397,10 @@ class JaxLoader:
         Ray's object store with ``reader="ray"``; copies inside Ray Data for a
         Dataset source are Ray's and not counted), input stall (time ``next()``
         waited, total/max/last/mean per step), time_to_first_batch_s (from
-        construction)."""
+        construction), and two sizes fixed at construction: ``read_ahead_bytes_max``
+        (the decoded windows the reader may hold ahead, plus on object storage
+        the compressed bytes it fetches ahead) and ``prefetch_bytes_max`` (the
+        ``prefetch`` batches on this host's devices)."""
         with self._stats.lock:
             s = dict(self._stats.values)
         s["rows_delivered"] = s["rows"]

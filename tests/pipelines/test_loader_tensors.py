@@ -138,3 +138,29 @@ def test_pipeline_source_plans_tensor_columns_from_the_static_schema(env, local_
     assert seg.shape[1:] == (32,) and seg.dtype == np.int32
     # Every byte of every document plus one EOS each, as dense int32 rows.
     assert (seg != 0).sum() == sum(len(t.encode()) + 1 for t in texts)
+
+
+@pytest.mark.parametrize("layout", ["fixed_size_list", "tensor"])
+def test_sliced_columns_convert_to_their_own_rows(layout):
+    """A batch is a slice of a decoded window (an offset into Arrow's buffers),
+    and a column's child values may carry an offset of their own: every level's
+    offset is honoured, and the result is still a view (no copy)."""
+    from slicefeed.pipelines._loader._convert import convert_table, plan_columns
+
+    t = _columns(layout)
+    # Child values with an offset of their own (a column built from a slice).
+    tok = pa.FixedSizeListArray.from_arrays(
+        pa.array(np.arange(16 * (N + 1), dtype=np.int32)).slice(16), 16)
+    t = t.set_column(0, "tokens", tok) if layout == "fixed_size_list" else t
+    specs = plan_columns(t.schema)
+    whole = convert_table(specs, t)
+    for lo, n in ((0, 8), (3, 5), (37, 3), (N, 0)):
+        counter = [0, 0]
+        part = convert_table(specs, t.slice(lo, n), counter)
+        assert counter == [0, 0], (lo, n)
+        for k, a in part.items():
+            assert a.shape == (n,) + whole[k].shape[1:], (k, lo, n)
+            np.testing.assert_array_equal(a.view(np.uint8), whole[k][lo:lo + n].view(np.uint8),
+                                          err_msg=f"{k} rows {lo}:{lo + n}")
+    if layout == "fixed_size_list":
+        np.testing.assert_array_equal(whole["tokens"].ravel(), np.arange(16, 16 * (N + 1)))
