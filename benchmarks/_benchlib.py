@@ -251,6 +251,153 @@ def peak_rss_self_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def _rss_kb(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+class RSSWindow:
+    """This process's RSS at :meth:`start` (after imports, before the loader is
+    built) and its peak from then to :meth:`result`.
+
+    The peak is the kernel's high-water mark (``VmHWM``), reset at ``start`` by
+    writing ``5`` to ``/proc/self/clear_refs``, so a transient peak during
+    imports is not counted and no short peak between samples is missed. Where
+    that reset is refused, a thread samples ``VmRSS`` every 5 ms instead
+    (``method`` says which)."""
+
+    def __init__(self):
+        self.base_kb: int | None = None
+        self.method = "none"
+        self._peak = 0
+        self._stop = None
+
+    def start(self) -> None:
+        import threading
+
+        if self._stop is not None:
+            self._stop.set()
+            self._stop = None
+        self.base_kb = _rss_kb("VmRSS")
+        self.trace_python()
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            self.method = "VmHWM"
+            return
+        except OSError:
+            pass
+        if self.base_kb is None:
+            return
+        self.method = "sampled"
+        self._peak = self.base_kb
+        stop = self._stop = threading.Event()
+
+        def run():
+            while not stop.wait(0.005):
+                self._peak = max(self._peak, _rss_kb("VmRSS") or 0)
+
+        threading.Thread(target=run, daemon=True).start()
+
+    @staticmethod
+    def trace_python() -> None:
+        """Also trace Python allocations (bytes, NumPy) with ``tracemalloc``:
+        slows every allocation, so only with ``BENCH_TRACEMALLOC=1``."""
+        if os.environ.get("BENCH_TRACEMALLOC") == "1":
+            import tracemalloc
+
+            tracemalloc.start()
+            tracemalloc.reset_peak()
+
+    def result(self) -> dict:
+        """``rss_after_imports_mb``, ``peak_rss_mb`` (since start) and their difference."""
+        if self.base_kb is None:
+            return {}
+        if self.method == "VmHWM":
+            peak = _rss_kb("VmHWM") or 0
+        else:
+            self._peak = max(self._peak, _rss_kb("VmRSS") or 0)
+            peak = self._peak
+        out = {"rss_after_imports_mb": self.base_kb / 1024, "peak_rss_since_mb": peak / 1024,
+               "rss_growth_mb": (peak - self.base_kb) / 1024, "rss_method": self.method}
+        import sys
+
+        if "pyarrow" in sys.modules:  # what Arrow's pool held at most (its allocator's view)
+            import pyarrow as pa
+
+            pool = pa.default_memory_pool()
+            out["arrow_pool_max_mb"] = pool.max_memory() / (1 << 20)
+            out["arrow_pool"] = pool.backend_name
+        import tracemalloc
+
+        if tracemalloc.is_tracing():
+            out["python_traced_peak_mb"] = tracemalloc.get_traced_memory()[1] / (1 << 20)
+        return out
+
+
+#: The case process's RSS window: started after the common imports, restarted by
+#: a case right before it builds its loader (after its own imports).
+RSS = RSSWindow()
+
+
+def memory_bound(stats: dict) -> dict:
+    """The loader's memory bound from its ``stats()``: 2 x (bytes of the read-ahead
+    windows it may hold + bytes of its prefetched batches), in MB."""
+    if "read_ahead_bytes_max" not in stats:  # a slicefeed before these figures
+        return {}
+    held = stats["read_ahead_bytes_max"] + stats["prefetch_bytes_max"]
+    return {"read_ahead_mb": stats["read_ahead_bytes_max"] / (1 << 20),
+            "prefetch_mb": stats["prefetch_bytes_max"] / (1 << 20),
+            "bound_mb": 2 * held / (1 << 20)}
+
+
+def memory_summary(rs: list[dict]) -> dict | None:
+    """Medians over a case's repeats of its ``memory`` figures (MB), and whether
+    the growth stayed within the bound in every repeat (loaders with a bound)."""
+    import statistics
+
+    ms = [r["memory"] for r in rs if r.get("memory", {}).get("rss_growth_mb") is not None]
+    if not ms:
+        return None
+    out = {k: statistics.median(m[k] for m in ms)
+           for k in ("rss_after_imports_mb", "peak_rss_since_mb", "rss_growth_mb", "bound_mb",
+                     "read_ahead_mb", "prefetch_mb", "arrow_pool_max_mb", "python_traced_peak_mb")
+           if all(m.get(k) is not None for m in ms)}
+    out["rss_method"] = ms[0].get("rss_method")
+    if "bound_mb" in out:
+        out["met"] = all(m["rss_growth_mb"] <= m["bound_mb"] for m in ms)
+    return out
+
+
+def memory_lines(cases: dict) -> list[str]:
+    """Table rows of the cases' memory summaries (``cases[name]["memory"]``)."""
+    rows = [(n, c["memory"]) for n, c in cases.items() if c.get("memory")]
+    if not rows:
+        return []
+    out = ["", (f"{'memory (MB, this process)':<30}{'imports':>8}{'peak':>7}{'growth':>7}"
+                f"{'arrow':>7}{'py':>6}{'bound':>7}  met    bound = 2 x (read-ahead + prefetch)")]
+
+    def f(x, w):
+        return f"{'-' if x is None else format(x, ',.0f'):>{w}}"
+
+    for n, m in rows:
+        b = m.get("bound_mb")
+        tail = "" if b is None else (f"{b:>7,.0f}  {m['met']!s:<6} 2 x ({m['read_ahead_mb']:,.0f}"
+                                     f" + {m['prefetch_mb']:,.0f})")
+        out.append(f"{n:<30}{f(m['rss_after_imports_mb'], 8)}{f(m['peak_rss_since_mb'], 7)}"
+                   f"{f(m['rss_growth_mb'], 7)}{f(m.get('arrow_pool_max_mb'), 7)}"
+                   f"{f(m.get('python_traced_peak_mb'), 6)}{tail}")
+    out.append("(arrow: most bytes Arrow's pool held; py: Python allocations' peak, traced with "
+               "BENCH_TRACEMALLOC=1)")
+    return out
+
+
 class TreeRSSSampler:
     """Samples the summed RSS of a process and its descendants (Ray workers too)."""
 

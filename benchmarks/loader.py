@@ -47,10 +47,14 @@ from _benchlib import (
     HERE,
     LOADER_DTYPES,
     ROW_BYTES,
+    RSS,
     SEQ_LEN,
     Consumer,
     ensure_dataset,
     machine_info,
+    memory_bound,
+    memory_lines,
+    memory_summary,
     peak_rss_self_mb,
     process_env,
     run_child,
@@ -149,6 +153,7 @@ def case_pyarrow_limit(cfg, meta, consume, extra) -> float:
     import pyarrow.dataset as pads
 
     B = cfg["batch_size"]
+    RSS.start()  # after the case's imports, before its loader is built
     t0 = time.perf_counter()
     ds = pads.dataset(meta["files"], format="parquet")
     batches = ds.to_batches(batch_size=B, use_threads=True, columns=list(COLUMNS))
@@ -163,6 +168,7 @@ def case_raw_jax(cfg, meta, consume, extra) -> float:
 
     B = cfg["batch_size"]
     sharding = _mesh_sharding()
+    RSS.start()  # after the case's imports, before its loader is built
     t0 = time.perf_counter()
 
     def record_batches():
@@ -191,6 +197,7 @@ def case_ray_iter_jax_batches(cfg, meta, consume, extra) -> float:
             return {c: _dense(table.column(c)) for c in table.column_names}
 
     B = cfg["batch_size"]
+    RSS.start()  # after the case's imports, before its loader is built
     t0 = time.perf_counter()
     ds = ray.data.read_parquet(meta["files"])
     for batch in ds.iter_jax_batches(batch_size=B, collate_fn=DenseCollate(), drop_last=True):
@@ -203,6 +210,7 @@ def case_grain(cfg, meta, consume, extra) -> float:
 
     B = cfg["batch_size"]
     sharding = _mesh_sharding()
+    RSS.start()  # after the case's imports, before its loader is built
     t0 = time.perf_counter()
     ds = grain.experimental.ParquetIterDataset(meta["files"])
     ds = ds.batch(B, drop_remainder=True)
@@ -217,6 +225,7 @@ def case_slicefeed(cfg, meta, consume, extra) -> float:
     from slicefeed.pipelines import JaxLoader
 
     B = cfg["batch_size"]
+    RSS.start()  # after the case's imports, before its loader is built
     t0 = time.perf_counter()
     loader = JaxLoader(
         meta["dir"], global_batch_size=B, num_epochs=1, dtypes=LOADER_DTYPES,
@@ -225,6 +234,7 @@ def case_slicefeed(cfg, meta, consume, extra) -> float:
     for batch in loader:
         consume(batch)
     st = loader.stats()
+    extra["memory_bound"] = memory_bound(st)
     extra["loader_stats"] = {
         k: st[k]
         for k in ("rows", "batches", "rows_decoded", "rows_decoded_peak", "host_copies",
@@ -266,6 +276,7 @@ def child_main(cfg_json: str) -> None:
         with open(cfg["profile"], "w") as f:
             f.write(prof.output_text(unicode=False, color=False, show_all=False))
     res = consumer.summary(t0)
+    res["memory"] = {**RSS.result(), **extra.pop("memory_bound", {})}
     res.update(extra)
     res["peak_rss_mb"] = peak_rss_self_mb()
     with open(cfg["out"], "w") as f:
@@ -330,6 +341,9 @@ def summarise(runs: dict[str, list[dict]]) -> tuple[dict, dict]:
         c["batches"] = rs[0].get("batches")
         if "loader_stats" in rs[-1]:
             c["loader_stats"] = rs[-1]["loader_stats"]
+        mem = memory_summary(rs)
+        if mem:
+            c["memory"] = mem
         cases[name] = c
     ratios = {}
     sf = runs.get("slicefeed")
@@ -396,6 +410,7 @@ def print_table(cases: dict, ratios: dict, batch_size: int) -> str:
                 f"{k:<40}{_fmt(v, 2):>8}{tgt!s:>9}  {r.get('met', '')!s:<5} "
                 f"{_fmt(r.get('e2e_rows_per_s'), 2):>5}  {runs}"
             )
+    lines += memory_lines(cases)
     text = "\n".join(lines)
     print(text, flush=True)
     return text

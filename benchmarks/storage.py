@@ -49,9 +49,13 @@ sys.path.insert(0, HERE)
 from _benchlib import (
     LOADER_DTYPES,
     ROW_BYTES,
+    RSS,
     Consumer,
     ensure_dataset,
     machine_info,
+    memory_bound,
+    memory_lines,
+    memory_summary,
     peak_rss_self_mb,
     process_env,
     run_child,
@@ -96,12 +100,14 @@ def case_slicefeed(cfg, meta, consume, extra) -> float:
     from slicefeed.pipelines import JaxLoader
 
     src = meta["dir"] if cfg["kind"] == "slicefeed_local" else f"gs://{BUCKET}/{PREFIX}"
+    RSS.start()  # after the case's imports, before its loader is built
     t0 = time.perf_counter()
     with JaxLoader(src, global_batch_size=cfg["batch_size"], num_epochs=1, dtypes=LOADER_DTYPES,
                    **cfg.get("loader_kwargs", {})) as loader:
         for batch in loader:
             consume(batch)
         st = loader.stats()
+        extra["memory_bound"] = memory_bound(st)
     extra["loader_stats"] = {k: st[k] for k in ("input_stall_s_total", "time_to_first_batch_s")
                              if k in st}
     return t0
@@ -118,6 +124,7 @@ def case_ray(cfg, meta, consume, extra) -> float:
         def __call__(self, table):
             return {c: lb._dense(table.column(c)) for c in table.column_names}
 
+    RSS.start()  # after the case's imports, before its loader is built
     t0 = time.perf_counter()
     ds = ray.data.read_parquet(_gcs_paths(meta), filesystem=_peer_fs(cfg))
     for batch in ds.iter_jax_batches(batch_size=cfg["batch_size"], collate_fn=DenseCollate(),
@@ -131,6 +138,7 @@ def case_grain(cfg, meta, consume, extra) -> float:
     import loader as lb
 
     sharding = lb._mesh_sharding()
+    RSS.start()  # after the case's imports, before its loader is built
     t0 = time.perf_counter()
     ds = grain.experimental.ParquetIterDataset(_gcs_paths(meta), filesystem=_peer_fs(cfg))
     ds = ds.batch(cfg["batch_size"], drop_remainder=True)
@@ -151,6 +159,7 @@ def child_main(cfg_json: str) -> None:
           "ray": case_ray, "grain": case_grain}[cfg["kind"]]
     t0 = fn(cfg, cfg["meta"], consumer, extra)
     res = consumer.summary(t0)
+    res["memory"] = {**RSS.result(), **extra.pop("memory_bound", {})}
     res.update(extra)
     res["peak_rss_mb"] = peak_rss_self_mb()
     with open(cfg["out"], "w") as f:
@@ -326,6 +335,9 @@ def summarise(runs: dict[str, list[dict]], peers: list[str]) -> tuple[dict, dict
                              for k in rs[-1]["requests"]}
         if "loader_stats" in rs[-1]:
             c["loader_stats"] = rs[-1]["loader_stats"]
+        mem = memory_summary(rs)
+        if mem:
+            c["memory"] = mem
         cases[name] = c
 
     def ratio(a: str, b: str | list[str]) -> dict | None:
@@ -405,6 +417,7 @@ def print_table(cases: dict, ratios: dict, args) -> str:
         runs = ", ".join(f"{x:.2f}" for x in r["runs"])
         lines.append(f"{k:<44}{_fmt(r['ratio'], 2):>8}{r.get('target') or '':>8}  "
                      f"{r.get('met')!s:<5} {_fmt(r.get('e2e'), 2):>6}  {runs}")
+    lines += memory_lines(cases)
     text = "\n".join(lines)
     print(text, flush=True)
     return text

@@ -12,10 +12,14 @@ on the same batches, the cases of a comparison timed round-robin (best of
   encoder is the limit); ``encode_batch_fast`` (no character offsets) is
   reported too, as the tighter limit.
 - ``image_decode_resize``: decode PNG/JPEG bytes with Pillow (RGB) and resize
-  to a fixed size (bilinear) into a dense uint8 ``(N, H, W, 3)`` array, as two
-  transforms (``DecodeImage`` + ``Resize``) and fused (``DecodeImage(height,
-  width)``), against a per-row Pillow loop. The images are smaller than twice
-  the target, so no reduced-scale decoding applies: outputs are bit-identical.
+  to a fixed size (bilinear) into a dense uint8 ``(N, H, W, 3)`` array, against
+  a per-row Pillow loop. ``slicefeed``: the chain ``[DecodeImage(),
+  Resize(height, width)]`` run as a pipeline stage runs it
+  (``apply_transforms``: the steps of ``chain_steps``, which fuses the two into
+  one pass); ``slicefeed_unfused``: the two transforms called one after the
+  other (what a stage did before); ``slicefeed_fused``: ``DecodeImage(height,
+  width)`` written by hand. The images are smaller than twice the target, so no
+  reduced-scale decoding applies: all outputs are bit-identical.
 - ``image_jpeg_large``: JPEGs at least twice the target size, fused, against the
   same loop. Here ``DecodeImage`` decodes at reduced scale (``draft``), so its
   output is checked against the loop's within ``DRAFT_TOLERANCE``.
@@ -46,6 +50,7 @@ from slicefeed.transforms import (
     PackSequences,
     Resize,
     Tokenize,
+    apply_transforms,
     read_images,
 )
 
@@ -168,7 +173,14 @@ def slicefeed_tokenize_pack(batch: pa.Table, seq_len: int) -> dict[str, np.ndarr
 
 
 def slicefeed_decode_resize(batch: pa.Table, h: int, w: int) -> np.ndarray:
-    """Two transforms: DecodeImage() then Resize(h, w)."""
+    """The chain DecodeImage() then Resize(h, w), run as a pipeline stage runs it."""
+    out = apply_transforms(batch, [DecodeImage(), Resize(height=h, width=w)])
+    images, _ = read_images(out.column("image"))
+    return images
+
+
+def slicefeed_decode_resize_unfused(batch: pa.Table, h: int, w: int) -> np.ndarray:
+    """The two transforms called one after the other: DecodeImage() then Resize(h, w)."""
     out = Resize(height=h, width=w)(DecodeImage()(batch))
     images, _ = read_images(out.column("image"))
     return images
@@ -184,15 +196,24 @@ def slicefeed_decode_resize_fused(batch: pa.Table, h: int, w: int) -> np.ndarray
 # -- harness -------------------------------------------------------------------------------
 
 
+#: Least CPU seconds (this process, all threads) of each case in the last
+#: :func:`_race`: the work a case does, which load on a shared machine changes
+#: far less than its wall time.
+CPU_S: dict[str, float] = {}
+
+
 def _race(cases: dict, repeat: int) -> dict[str, tuple[float, object]]:
     """Best of ``repeat`` timings per case, the cases taken round-robin so that
     load changes on a shared machine hit every case of a comparison alike."""
     out = {k: (float("inf"), None) for k in cases}
+    CPU_S.clear()
     for _ in range(repeat):
         for k, fn in cases.items():
+            c0 = time.process_time()
             t0 = time.perf_counter()
             result = fn()
             dt = time.perf_counter() - t0
+            CPU_S[k] = min(CPU_S.get(k, float("inf")), time.process_time() - c0)
             out[k] = (min(out[k][0], dt), result)
     return out
 
@@ -278,16 +299,24 @@ def run(quick: bool, repeat: int) -> dict:
     def sf_img_fused():
         return np.concatenate([slicefeed_decode_resize_fused(t, out_hw, out_hw) for t in itables])
 
-    r = _race({"sf": sf_img, "fused": sf_img_fused, "py": py_img}, repeat)
-    (s_sf, a), (s_fu, f), (s_py, b) = r["sf"], r["fused"], r["py"]
-    if a.shape != (n_img, out_hw, out_hw, 3) or not np.array_equal(a, b) or not np.array_equal(f, b):
+    def sf_img_unfused():
+        return np.concatenate(
+            [slicefeed_decode_resize_unfused(t, out_hw, out_hw) for t in itables])
+
+    r = _race({"sf": sf_img, "unfused": sf_img_unfused, "fused": sf_img_fused, "py": py_img},
+              repeat)
+    (s_sf, a), (s_un, u), (s_fu, f), (s_py, b) = r["sf"], r["unfused"], r["fused"], r["py"]
+    if a.shape != (n_img, out_hw, out_hw, 3) or not all(
+            np.array_equal(x, b) for x in (a, u, f)):
         raise SystemExit("image_decode_resize: slicefeed and baseline differ")
-    for name, s in (
-        ("image_decode_resize/slicefeed", s_sf),
-        ("image_decode_resize/slicefeed_fused", s_fu),
-        ("image_decode_resize/python_per_row", s_py),
+    for name, key, s in (
+        ("image_decode_resize/slicefeed", "sf", s_sf),
+        ("image_decode_resize/slicefeed_unfused", "unfused", s_un),
+        ("image_decode_resize/slicefeed_fused", "fused", s_fu),
+        ("image_decode_resize/python_per_row", "py", s_py),
     ):
-        results[name] = {"seconds": s, "rows_per_s": n_img / s, "bytes_per_s": img_bytes / s}
+        results[name] = {"seconds": s, "rows_per_s": n_img / s, "bytes_per_s": img_bytes / s,
+                         "cpu_s": CPU_S[key]}
 
     # Large JPEGs (at least twice the target size): where reduced-scale JPEG
     # decoding (DecodeImage's draft) applies. Its pixels differ from a
@@ -328,10 +357,18 @@ def run(quick: bool, repeat: int) -> dict:
         / results["tokenize_hf/encode_batch_fast"]["rows_per_s"],
         "image_decode_resize": results["image_decode_resize/slicefeed"]["rows_per_s"]
         / results["image_decode_resize/python_per_row"]["rows_per_s"],
+        "image_decode_resize_unfused": results["image_decode_resize/slicefeed_unfused"][
+            "rows_per_s"] / results["image_decode_resize/python_per_row"]["rows_per_s"],
         "image_decode_resize_fused": results["image_decode_resize/slicefeed_fused"]["rows_per_s"]
         / results["image_decode_resize/python_per_row"]["rows_per_s"],
         "image_jpeg_large_fused": results["image_jpeg_large/slicefeed_fused"]["rows_per_s"]
         / results["image_jpeg_large/python_per_row"]["rows_per_s"],
+    }
+    # CPU seconds per image relative to the loop (lower: less work), same run.
+    results["cpu_ratios"] = {
+        f"image_decode_resize{sfx}": results[f"image_decode_resize/slicefeed{sfx}"]["cpu_s"]
+        / results["image_decode_resize/python_per_row"]["cpu_s"]
+        for sfx in ("", "_unfused", "_fused")
     }
     results["config"] = {
         "quick": quick,
@@ -359,11 +396,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     results = run(args.quick, args.repeat)
     for case, r in results.items():
-        if case in ("ratios", "config"):
+        if case in ("ratios", "cpu_ratios", "config"):
             continue
         print(f"{case:40s} {r['rows_per_s']:>12,.0f} rows/s {r['bytes_per_s'] / 1e6:>9.2f} MB/s")
     for case, ratio in results["ratios"].items():
         print(f"{case:40s} slicefeed / baseline = {ratio:.2f}x")
+    for case, ratio in results["cpu_ratios"].items():
+        print(f"{case:40s} CPU seconds, slicefeed / baseline = {ratio:.2f}x")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

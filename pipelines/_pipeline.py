@@ -20,11 +20,10 @@ import platform
 import time
 from collections.abc import Mapping, Sequence
 from importlib import metadata as _md
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import ray
 
 from slicefeed import connectors
 from slicefeed.connectors import (
@@ -47,12 +46,9 @@ from slicefeed.connectors import (
     is_committed,
     list_inputs,
     new_writer_id,
-    peek_schema,
-    read_dataset,
     read_manifest,
     resolve_filesystem,
     write_atomic,
-    write_parquet,
 )
 from slicefeed.connectors._compat import task_retry_args, task_retry_options
 from slicefeed.connectors._formats import get_format
@@ -65,6 +61,9 @@ from slicefeed.pipelines._spec import (
     validate_spec,
 )
 from slicefeed.transforms import DatasetTasks
+
+if TYPE_CHECKING:  # pragma: no cover
+    import ray
 
 
 def _versions() -> dict[str, str]:
@@ -190,9 +189,9 @@ class StageCounts:
         return [self.transforms[i].to_report() for i in sorted(self.transforms)]
 
 
-@ray.remote(num_cpus=0)
 class _Counters:
-    """Row counts reported by the transform stages of one run.
+    """Row counts reported by the transform stages of one run (a Ray actor, made
+    by :func:`_counters_actor`; Ray is imported only when a run starts).
 
     Each report carries a key naming the batch (stage + the provenance of its
     rows); a key seen before is ignored, so a batch that Ray re-executes after
@@ -242,6 +241,13 @@ class _Counters:
         return self.counts
 
 
+def _counters_actor() -> Any:
+    """A new :class:`_Counters` actor for one run (no CPU: it only counts)."""
+    import ray
+
+    return ray.remote(num_cpus=0)(_Counters).remote()
+
+
 def _batch_key(stage: str, table: pa.Table) -> str | None:
     """Identity of a batch: its stage and the provenance of its rows (vectorised)."""
     import hashlib
@@ -281,9 +287,13 @@ class _Watch:
         self.counters = counters
 
     def begin(self, key: str, what: str) -> None:
+        import ray
+
         ray.get(self.counters.begin.remote(key, what))
 
     def end(self, key: str) -> None:
+        import ray
+
         ray.get(self.counters.finish.remote(key))
 
 
@@ -295,6 +305,8 @@ class _Watched:
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)  # Ray names the stage by it
 
     def __call__(self, table: pa.Table) -> Any:
+        import ray
+
         key = _batch_key(self.what, table)
         if key is None:
             return self.fn(table)
@@ -323,6 +335,8 @@ class _WatchedGroups:
         self.files: list[str] = []
 
     def __call__(self, group: pa.Table) -> Any:
+        import ray
+
         if PROVENANCE_FILE in group.column_names:
             task = ray.get_runtime_context().get_task_id() or ""
             if task != self.task:
@@ -413,7 +427,9 @@ class _Stage:
             self._quarantine(bad, what if isinstance(what, str) else what.name)
 
     def __call__(self, table: pa.Table) -> pa.Table:
-        from slicefeed.transforms import split_errors
+        import ray
+
+        from slicefeed.transforms import chain_steps, split_errors
 
         key = _batch_key(self.stage_id, table) if self.counters is not None else None
         if key is not None and self.transforms:
@@ -435,24 +451,35 @@ class _Stage:
                 self._handle_bad(bad, "read", delta)
             if RAW_COLUMN in table.column_names:
                 table = table.drop_columns([RAW_COLUMN])
-        for i, t in enumerate(self.transforms):
+        # Steps, not transforms: where two transforms fuse exactly (chain_steps),
+        # one call runs both; each keeps its own counters.
+        for step in chain_steps(self.transforms):
             if table.num_rows == 0:
                 # A batch emptied by bad records may lack the data columns
                 # (an unreadable file has none); transforms need them.
                 break
             n_in = table.num_rows
             t0 = time.perf_counter()
-            table, bad = split_errors(t(table))
-            tc = delta.transform(self.first_index + i, t)
-            tc.rows_in += n_in
-            tc.rows_out += table.num_rows
-            tc.rows_bad += bad.num_rows
-            tc.time_s += time.perf_counter() - t0
-            if t.reshapes_rows:
-                # Packing merges and splits rows: what goes in is not "filtered".
-                tc.slots, tc.tokens = _padding_counts(table)
+            table, bad = split_errors(step.fn(table))
+            # A fused step's bad rows are its first transform's; the rest of
+            # its transforms see the rows that remain (none: as if the loop
+            # had stopped before them).
+            for k in range(step.count):
+                i = step.first + k
+                t = self.transforms[i]
+                if k and table.num_rows == 0:
+                    break
+                tc = delta.transform(self.first_index + i, t)
+                tc.rows_in += n_in if k == 0 else table.num_rows
+                tc.rows_out += table.num_rows
+                if k == 0:
+                    tc.rows_bad += bad.num_rows
+                    tc.time_s += time.perf_counter() - t0
+                if t.reshapes_rows:
+                    # Packing merges and splits rows: what goes in is not "filtered".
+                    tc.slots, tc.tokens = _padding_counts(table)
             if bad.num_rows:
-                self._handle_bad(bad, t, delta)
+                self._handle_bad(bad, self.transforms[step.first], delta)
         if self.local is not None:
             self.local.add(delta)
         if self.counters is not None and delta:
@@ -649,6 +676,8 @@ class Pipeline:
 
     def _read_source(self, src: SourceSpec, shard: tuple[int, int] | None = None,
                      counters: Any = None) -> ray.data.Dataset:
+        from slicefeed.connectors import read_dataset
+
         opts = dict(src.options)
         watch = _Watch(counters) if counters is not None else None
         if src.format == "dataset":
@@ -664,6 +693,8 @@ class Pipeline:
 
     def source_schema(self) -> pa.Schema:
         """Schema of the (first) source, read from one file's metadata, without Ray."""
+        from slicefeed.connectors import peek_schema
+
         src = self.spec.sources[0]
         opts = src.options
         if src.format == "dataset":
@@ -755,6 +786,8 @@ class Pipeline:
                      report_rel: str, quarantine_rel: str | None, before_commit: Any,
                      metadata: dict[str, Any], info: dict[str, Any]) -> Manifest:
         """One Ray task per input file not finished by an earlier run (see ``connectors._units``)."""
+        import ray
+
         from slicefeed.connectors import expand_paths
         from slicefeed.connectors._units import FileReader, Unit, unit_key, write_units
 
@@ -919,6 +952,8 @@ class Pipeline:
 
     def _crash_error(self, counters: Any) -> WorkerCrashError | None:
         """The error naming the batch whose worker kept dying, if that ended the run."""
+        import ray
+
         try:
             crashed = ray.get(counters.crashed.remote(), timeout=30)
         except Exception:  # noqa: BLE001 - the original error is reported instead
@@ -1014,6 +1049,10 @@ class Pipeline:
             BadRecordError: a bad record under ``on_error: fail``, or more bad
                 records than ``max_error_fraction`` allows.
         """
+        import ray
+
+        from slicefeed.connectors import write_parquet
+
         sink = self.spec.sink
         if sink is None:
             raise SpecError(f"{self.source_name}: missing required key 'sink' (format and uri) "
@@ -1035,7 +1074,7 @@ class Pipeline:
         t0 = time.perf_counter()
         self.check()
         fitted = self._fitted()
-        counters = _Counters.remote()
+        counters = _counters_actor()
         # Everything this run writes beside the data is named by its writer id
         # and recorded in its manifest version: a failed or losing run leaves
         # the committed version's report and quarantine alone.
@@ -1173,6 +1212,8 @@ def _dataset_op(t: Any, ds: ray.data.Dataset, tasks: DatasetTasks) -> ray.data.D
 
 def _worker_died(e: BaseException) -> bool:
     """Whether ``e`` (or what caused it) is Ray reporting a dead worker process."""
+    import ray
+
     died = (ray.exceptions.WorkerCrashedError, ray.exceptions.OutOfMemoryError,
             ray.exceptions.NodeDiedError, ray.exceptions.ActorDiedError)
     seen: set[int] = set()
@@ -1228,6 +1269,8 @@ class _Output:
         self.local: StageCounts | None = None
 
     def __call__(self, table: pa.Table) -> pa.Table:
+        import ray
+
         key = _batch_key("output", table)
         table = _drop_provenance(table)
         if table.num_rows:

@@ -141,6 +141,10 @@ def configure_process_env() -> None:
     # gcsfs probes a gRPC control plane per bucket unless this is off.
     os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
     os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
+    # Ray Train's controller sees a worker group start and finish on its next poll
+    # (every 2 s by default): each JaxTrainer fit waited up to that much longer.
+    # Propagated by Ray Train from the driver to its controller.
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
 
 
 # Set by the session's ``ray_cluster`` fixture: the address CLI subprocesses join.

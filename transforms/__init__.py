@@ -10,12 +10,12 @@ Public API::
 
     from slicefeed.transforms import (
         Transform, TRANSFORMS, get_transform, transform_from_spec, check_transforms,
-        apply_transforms, split_errors, mark_errors, bad_record_error,
+        apply_transforms, chain_steps, Step, split_errors, mark_errors, bad_record_error,
         PROVENANCE_FILE, PROVENANCE_ROW, ERROR_COLUMN,  # defined in slicefeed.connectors
         Select, Rename, Cast, Filter, FillNull, Standardize, MinMaxScale,
         HashBucket, Vocabulary, Deduplicate,
         Tokenize, PadOrTruncate, PackSequences,
-        DecodeImage, Resize, CenterCrop, RandomCrop, RandomFlip, NormalizeImage,
+        DecodeImage, DecodeResize, Resize, CenterCrop, RandomCrop, RandomFlip, NormalizeImage,
     )
 """
 
@@ -41,6 +41,7 @@ from slicefeed.transforms._expr import compile_expression
 from slicefeed.transforms._image import (
     CenterCrop,
     DecodeImage,
+    DecodeResize,
     NormalizeImage,
     RandomCrop,
     RandomFlip,
@@ -55,6 +56,7 @@ from slicefeed.transforms._registry import (
     transform_from_spec,
 )
 from slicefeed.transforms._scaling import MinMaxScale, Standardize
+from slicefeed.transforms._steps import Step, chain_steps
 from slicefeed.transforms._text import BYTE_VOCAB_SIZE, PadOrTruncate, Tokenize, load_hf_tokenizer
 
 __all__ = [
@@ -69,6 +71,7 @@ __all__ = [
     "CenterCrop",
     "DatasetTasks",
     "DecodeImage",
+    "DecodeResize",
     "Deduplicate",
     "FillNull",
     "Filter",
@@ -83,12 +86,14 @@ __all__ = [
     "Resize",
     "Select",
     "Standardize",
+    "Step",
     "Tokenize",
     "Transform",
     "Vocabulary",
     "apply_transforms",
     "as_bfloat16",
     "bad_record_error",
+    "chain_steps",
     "check_transforms",
     "compile_expression",
     "get_transform",

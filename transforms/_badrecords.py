@@ -142,13 +142,17 @@ def apply_transforms(
         raise SpecError(
             f"on_error must be one of {', '.join(ON_ERROR_POLICIES)}; got {on_error!r}"
         )
+    from slicefeed.transforms._steps import chain_steps
+
+    transforms = list(transforms)
     for t in transforms:
         if not t.is_fitted:
             raise SpecError(
                 f"{t._label()}: needs fit() over the dataset before it can be applied"
             )
-        table = t(table)
+    for step in chain_steps(transforms):  # fused where exact (transforms/_steps.py)
+        table = step.fn(table)
         table, bad = split_errors(table)
         if bad.num_rows and on_error == "fail":
-            raise bad_record_error(bad, t)
+            raise bad_record_error(bad, transforms[step.first])
     return table

@@ -233,8 +233,10 @@ class DecodeImage(_ImageTransform):
             relative to; required for a string column.
         height: With ``width``: resize while decoding (one Pillow pass, no
             intermediate copy) and output the fixed layout, like
-            ``Resize(height, width)`` after ``DecodeImage()`` but faster
-            (benchmarks/transforms.py, image_decode_resize).
+            ``Resize(height, width)`` after ``DecodeImage()`` (a pipeline or
+            ``apply_transforms`` runs that pair as one such pass itself, with
+            ``draft`` off: see :func:`chain_steps`), and with ``draft`` faster
+            still on large JPEGs (benchmarks/transforms.py, image_decode_resize).
         width: See ``height``.
         resample: Filter for that resize (see :class:`Resize`).
         max_pixels: Largest width x height accepted (from the image header).
@@ -420,14 +422,26 @@ class DecodeImage(_ImageTransform):
 
     def _too_big(self, img, total: int) -> str:
         img.close()
+        return self._too_big_reason(img.size, total)
+
+    def _too_big_reason(self, size: tuple[int, int], total: int) -> str:
         return (
-            f"DecodeImage: decoding this {img.size[0]}x{img.size[1]} image in column "
+            f"DecodeImage: decoding this {size[0]}x{size[1]} image in column "
             f"{self.column!r} would bring the batch's decoded images to {total:,} bytes, "
             f"over max_batch_bytes={self.max_batch_bytes:,}; use smaller batches, resize "
             "while decoding (height/width), or raise max_batch_bytes"
         )
 
     def __call__(self, table: pa.Table) -> pa.Table:
+        return self._decode_table(table, admit_in_order=not self._fixed)
+
+    def _decode_table(self, table: pa.Table, *, admit_in_order: bool) -> pa.Table:
+        """The batch decoded. ``admit_in_order``: rows are admitted in row order
+        while the batch's full-size decodes fit ``max_batch_bytes`` and the rest
+        are bad records (the variable layout's rule; with ``height``/``width``
+        it refuses the very rows ``DecodeImage()`` would, for
+        :class:`DecodeResize`); otherwise only decodes in flight count (and
+        only an image larger than the bound alone is refused)."""
         col = table.column(self.column)
         is_path = pa.types.is_string(col.type) or pa.types.is_large_string(col.type)
         items = col.to_pylist()
@@ -457,17 +471,33 @@ class DecodeImage(_ImageTransform):
             # Rows are independent (only decodes in flight count against the
             # bound): open, check and decode each row in one task.
             out = np.zeros((n, self.height, self.width, c), np.uint8)
+            sizes: list[tuple[int, int] | None] = [None] * n  # of each opened image
 
             def row(i: int) -> str | None:
                 img, why = self._open(items[i], is_path, root)
                 if img is None:
                     return why
+                sizes[i] = img.size
                 need = img.size[0] * img.size[1] * c
                 if need > self.max_batch_bytes:
                     return self._too_big(img, need)
                 return decode(i, img, need, out)[1]
 
             reasons[:] = _map_chunked(pool, row, range(n))
+            if admit_in_order:
+                # DecodeImage()'s rule, applied once all rows are done: in row
+                # order, an opened image is refused if the full-size decodes
+                # admitted before it plus its own pass the bound (it was
+                # decoded here, within the in-flight bound, and is dropped).
+                held = 0
+                for i, size in enumerate(sizes):
+                    if size is None:
+                        continue
+                    need = size[0] * size[1] * c
+                    if held + need > self.max_batch_bytes:
+                        reasons[i] = self._too_big_reason(size, held + need)
+                    else:
+                        held += need
             bad = np.array([r is not None for r in reasons], bool)
             if bad.any():
                 out[bad] = 0
@@ -500,6 +530,42 @@ class DecodeImage(_ImageTransform):
         bad = np.array([r is not None for r in reasons], bool)
         table = _set(table, self.out, write_variable(images, c))
         return mark_errors(table, bad, reasons)
+
+
+class DecodeResize:
+    """``DecodeImage()`` then ``Resize(height, width)`` of its output, run as one
+    Pillow pass per image (no decoded full-size batch, no second pass): the
+    values, schema, bad records and their reasons are exactly the two
+    transforms' (full-size decode, never ``draft``; rows refused by the
+    ``max_batch_bytes`` rule of ``DecodeImage()``, in row order). Built by
+    :func:`chain_steps` only where that holds; picklable."""
+
+    def __init__(self, decode: DecodeImage, resize: Resize):
+        self.decode, self.resize = decode, resize
+        fused = dataclasses.replace(decode, height=resize.height, width=resize.width,
+                                    resample=resize.resample, draft=False)
+        if getattr(decode, "_storage", None) is not None:
+            object.__setattr__(fused, "_storage", dict(decode._storage))
+        self._fused = fused
+
+    @staticmethod
+    def applies(first: Any, second: Any) -> bool:
+        """Whether ``first`` then ``second`` may run as one pass: a ``DecodeImage``
+        without a size, then an exact-size ``Resize`` of the column it writes
+        (in place, so no later transform can read the full-size images)."""
+        return (
+            type(first) is DecodeImage
+            and first.height is None
+            and type(second) is Resize
+            and second.shorter_side is None
+            and second.column == first.out
+        )
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        return self._fused._decode_table(table, admit_in_order=True)
+
+    def __repr__(self) -> str:
+        return f"DecodeResize({self.decode!r}, {self.resize!r})"
 
 
 class _Refused(Exception):

@@ -33,6 +33,10 @@ Dtype rules (decided from the schema, before any read):
 - ``pad_values`` applies to every column kind (padding of a partial batch,
   and within-row padding of variable-length lists); it must fit the output dtype.
 
+A null in a batch (a null row, or a null element inside one of its lists or
+tensors) is a :class:`SpecError` naming the column; only the batch's own rows
+are checked.
+
 A column made of several chunks (a batch spanning Ray blocks) is concatenated
 once (1 copy); a host-side ``dtypes`` cast is one more copy (``astype``);
 padding a partial final batch copies that batch once.
@@ -342,6 +346,18 @@ def _single_chunk(col: pa.ChunkedArray | pa.Array, counter: list[int]) -> pa.Arr
     return col
 
 
+def _values_of(arr: pa.Array) -> pa.Array:
+    """The child values of the rows of a ``fixed_size_list`` array (honouring its
+    slice offset): a zero-copy slice, without a compute-kernel dispatch
+    (``flatten()`` dispatches one per call, a fixed cost per batch). Ray's
+    tensor extension stores its rows as a variable-length list: ``flatten()``,
+    which honours the slice's offsets."""
+    if not pa.types.is_fixed_size_list(arr.type):
+        return arr.flatten()
+    size = arr.type.list_size
+    return arr.values.slice(arr.offset * size, len(arr) * size)
+
+
 def _check_nulls(name: str, arr: pa.Array) -> None:
     if arr.null_count:
         raise SpecError(
@@ -372,6 +388,10 @@ def _out_of_range(a: np.ndarray, to: np.dtype) -> np.ndarray | None:
     if to.kind in "iu":
         info = np.iinfo(to)
         if src.kind in "iu":
+            # One min and one max for the common in-range batch; the mask only
+            # when some value is out of range.
+            if not a.size or info.min <= int(a.min()) and int(a.max()) <= info.max:
+                return None
             bad = np.zeros(a.shape, dtype=bool)
             if _bound_in(info.min, src) and int(a.min(initial=0)) < info.min:
                 bad |= a < np.asarray(info.min, dtype=src)
@@ -428,23 +448,27 @@ def convert_column(
     elif spec.kind == "fixed":
         a = arr
         while pa.types.is_fixed_size_list(a.type):
-            # flatten() honours the slice offset; it is a zero-copy slice of values.
-            a = a.flatten()
+            a = _values_of(a)
             if isinstance(a, pa.ExtensionArray):
                 a = a.storage
             _check_nulls(spec.name, a)
         out = _primitive_view(a, counter).reshape((n,) + spec.row_shape)
     elif spec.kind == "tensor":
-        a = arr.flatten() if n else arr.values.slice(0, 0)
+        a = _values_of(arr)
         if isinstance(a, pa.ExtensionArray):
             a = a.storage
         while pa.types.is_fixed_size_list(a.type):
-            a = a.flatten()
+            _check_nulls(spec.name, a)
+            a = _values_of(a)
+        _check_nulls(spec.name, a)  # a null element has no value (bool: not False)
         out = _primitive_view(a, counter).reshape((n,) + spec.row_shape)
     elif spec.kind == "varlen":
         L = spec.pad_length
         offsets = arr.offsets.to_numpy(zero_copy_only=False)  # n+1 ints, small
-        values = arr.values
+        # Only this batch's values: a slice's child holds the whole block's.
+        lo = int(offsets[0]) if n else 0
+        values = arr.values.slice(lo, int(offsets[-1]) - lo if n else 0)
+        offsets = offsets - lo
         if isinstance(values, pa.ExtensionArray):
             values = values.storage
         _check_nulls(spec.name, values)

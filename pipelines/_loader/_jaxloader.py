@@ -17,7 +17,12 @@ from slicefeed.pipelines._loader._options import LoaderOptions
 from slicefeed.pipelines._loader._placement import Placement
 from slicefeed.pipelines._loader._prefetch import Runtime
 from slicefeed.pipelines._loader._produce import Producer, Stats
-from slicefeed.pipelines._loader._sources import ManifestSource, ReadContext, make_source
+from slicefeed.pipelines._loader._sources import (
+    ManifestSource,
+    ReadContext,
+    make_source,
+    read_ahead_bytes_max,
+)
 
 #: Version 4: the host layout ("hosts") and the epoch's earlier layouts ("stages")
 #: are recorded apart from the plan, so a committed dataset resumes on other hosts
@@ -278,6 +283,9 @@ class JaxLoader:
             on_read=None,
         )
         self._stats = Stats()
+        # What may be held at once, from the settings (the memory benchmark's bound).
+        self._stats.values["read_ahead_bytes_max"] = read_ahead_bytes_max(src, ctx, rbytes)
+        self._stats.values["prefetch_bytes_max"] = opts.prefetch * lb * rbytes
         ctx = dataclasses.replace(ctx, on_read=self._stats.record)
         producer = Producer(
             source=src,
@@ -398,7 +406,11 @@ class JaxLoader:
         waited, total/max/last/mean per step), time_to_first_batch_s (from
         construction), ``agreements`` (key-value exchanges of the step count with
         the other hosts when row counts are unknown: one per group of up to 16
-        steps, not one per step; 0 on one host or with known counts)."""
+        steps, not one per step; 0 on one host or with known counts), and two
+        sizes fixed at construction: ``read_ahead_bytes_max`` (the decoded windows
+        the reader may hold ahead, plus on object storage the compressed bytes it
+        fetches ahead) and ``prefetch_bytes_max`` (the ``prefetch`` batches on this
+        host's devices)."""
         with self._stats.lock:
             s = dict(self._stats.values)
         s["rows_delivered"] = s["rows"]

@@ -93,6 +93,7 @@ class Placement:
                 f"global_batch_size={math.lcm(unit, per_host_unit * self.process_count)}."
             )
         self._by_ndim: dict[int, Any] = {}
+        self._plans: dict[tuple, tuple[dict, dict]] = {}
 
     def to_global(self, host: dict[str, np.ndarray]) -> dict:
         """This host's rows of every column -> global ``jax.Array`` s (one call)."""
@@ -101,12 +102,16 @@ class Placement:
 
         # One call for the whole batch: on one process it is a single batched
         # device_put instead of one per column (benchmarks/README.md).
-        shardings, shapes = {}, {}
-        for k, v in host.items():
-            sh = self._by_ndim.get(v.ndim)
-            if sh is None:
-                spec = PartitionSpec(*tuple(self.spec)[: v.ndim])
-                sh = self._by_ndim[v.ndim] = NamedSharding(self.mesh, spec)
-            shardings[k] = sh
-            shapes[k] = (self.global_batch_size,) + v.shape[1:]
-        return jax.make_array_from_process_local_data(shardings, host, shapes)
+        key = tuple((k, v.shape) for k, v in host.items())
+        plan = self._plans.get(key)  # the same columns and shapes every step
+        if plan is None:
+            shardings, shapes = {}, {}
+            for k, v in host.items():
+                sh = self._by_ndim.get(v.ndim)
+                if sh is None:
+                    spec = PartitionSpec(*tuple(self.spec)[: v.ndim])
+                    sh = self._by_ndim[v.ndim] = NamedSharding(self.mesh, spec)
+                shardings[k] = sh
+                shapes[k] = (self.global_batch_size,) + v.shape[1:]
+            plan = self._plans[key] = (shardings, shapes)
+        return jax.make_array_from_process_local_data(plan[0], host, plan[1])

@@ -190,7 +190,8 @@ class _SparseFile(io.RawIOBase):
             b, s = self.blocks[i], self.starts[i]
             if at >= s + len(b):
                 break
-            out.append(b[at - s:min(end, s + len(b)) - s])
+            # A view, not a copy: pyarrow holds what it reads while it decodes.
+            out.append(memoryview(b)[at - s:min(end, s + len(b)) - s])
             at = min(end, s + len(b))
             i += 1
         if at < end:

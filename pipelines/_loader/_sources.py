@@ -542,6 +542,22 @@ FETCH_AHEAD = 1
 FETCH_AHEAD_MAX = 4
 
 
+def read_ahead_bytes_max(src: Any, ctx: ReadContext, row_bytes: int) -> int:
+    """Bytes the reader may hold ahead of the consumer: decoded windows (``2 *
+    read_ahead + 1`` of ``window_rows`` rows for ``reader="local"``, see
+    :class:`_LocalRuns`; ``ray_prefetch_batches + 1`` blocks otherwise) plus,
+    for a committed dataset on object storage, the compressed bytes of the
+    runs being read and fetched ahead (``read_ahead + FETCH_AHEAD_MAX`` runs of
+    one window each, at the manifest's bytes per row)."""
+    window = ctx.window_rows * row_bytes
+    if not (isinstance(src, ManifestSource) and ctx.reader == "local"):
+        return (ctx.ray_prefetch_batches + 1) * window
+    held = (2 * ctx.read_ahead + 1) * window
+    if _shards.is_remote(src.resolved.fs):
+        held += (ctx.read_ahead + FETCH_AHEAD_MAX) * int(ctx.window_rows * src.bytes_per_row)
+    return held
+
+
 def _ray_read_tables(ds: Any, ctx: ReadContext) -> Iterator[pa.Table]:
     """Blocks of a ``reader="ray"`` read, as produced (one per window), with the
     read tasks' counters taken from their metadata; each block was put once in

@@ -5,7 +5,8 @@
 Writes ROWS rows (values offset by ME so the two writers' data differ) with
 ``write_parquet``; its first batch waits until the OTHER process has
 started writing too, so both are past their start checks and writing shards
-when either commits. Records the outcome in OUT_JSON.
+when either commits. Joins the Ray cluster at ``RAY_ADDRESS`` if set (the test
+session's), else starts a local one. Records the outcome in OUT_JSON.
 """
 
 from __future__ import annotations
@@ -36,7 +37,12 @@ def main() -> None:
     offset = 1000 * int(me)
 
     def gate(batch):
-        open(os.path.join(barrier, f"ready-{me}"), "w").close()
+        # Only this writer's first task waits (the others pass), so the two
+        # writers fit on a 2-CPU cluster together.
+        try:
+            os.close(os.open(os.path.join(barrier, f"ready-{me}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return {"i": batch["id"] + offset}
         deadline = time.monotonic() + 180
         while not os.path.exists(os.path.join(barrier, f"ready-{other}")):
             if time.monotonic() > deadline:
@@ -44,8 +50,11 @@ def main() -> None:
             time.sleep(0.05)
         return {"i": batch["id"] + offset}
 
-    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False,
-             configure_logging=False)
+    if os.environ.get("RAY_ADDRESS"):  # the test session's cluster: a second driver on it
+        ray.init(log_to_driver=False, configure_logging=False)
+    else:
+        ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
     ds = ray.data.range(rows_n, override_num_blocks=4).map_batches(gate, batch_size=None)
     try:
         m = write_parquet(ds, uri, fingerprint=f"writer-{me}")

@@ -51,7 +51,8 @@ def test_two_concurrent_writers_exactly_one_commits(ray_cluster, base_uri, tmp_p
     conflict and removes only its own shards; the committed dataset is whole."""
     barrier = tmp_path / "barrier"
     barrier.mkdir()
-    env = dict(os.environ)
+    # Both writers are drivers on the session's cluster (no Ray start-up each).
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
     procs = []
     for me, other in (("1", "2"), ("2", "1")):
         out = tmp_path / f"out-{me}.json"

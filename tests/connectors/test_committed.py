@@ -111,7 +111,9 @@ _KILLED_WRITER = textwrap.dedent(
     configure_process_env()
     import numpy as np, pyarrow as pa, ray
     from slicefeed.connectors import write_parquet
-    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+    # A driver on the test session's cluster (RAY_ADDRESS): the kill ends the
+    # driver, and Ray then ends its job's tasks.
+    ray.init(log_to_driver=False, configure_logging=False)
 
     def slow(batch):
         # Signal after the first shard is on its way, then stall so the parent kills us.
@@ -137,7 +139,8 @@ def test_killed_writer_leaves_no_manifest_then_rerun_commits(ray_cluster, base_u
     # The killed writer's lease expires 3 s after its last refresh; then its
     # shards are strays that the next commit removes.
     proc = subprocess.Popen([sys.executable, str(script)], start_new_session=True,
-                            env={**os.environ, "SLICEFEED_LEASE_TTL_S": "3"})
+                            env={**os.environ, "SLICEFEED_LEASE_TTL_S": "3",
+                                 "RAY_ADDRESS": ray.get_runtime_context().gcs_address})
     try:
         deadline = time.monotonic() + 120
         while not os.path.exists(flag):

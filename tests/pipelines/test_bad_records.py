@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import json
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -296,3 +297,46 @@ def test_replaced_run_leaves_no_stale_quarantine(ray_cluster, local_dir):
     vacuum(f"{local_dir}/out", retain_hours=0, now=time.time() + 1)
     q = resolve_filesystem(f"{local_dir}/out/_quarantine")
     assert not q.fs.exists(q.path) or not q.fs.find(q.path)
+
+
+def test_pipeline_fuses_decode_and_resize_with_unchanged_output_and_counts(ray_cluster,
+                                                                           local_dir):
+    """A pipeline's decode_image then resize (exact size) run as one step: the
+    rows written equal the two transforms applied one by one (PNG and JPEG), and
+    each transform keeps its own counts (the bad images are decode_image's)."""
+    from PIL import Image
+
+    from slicefeed.connectors import read_manifest
+    from slicefeed.transforms import DecodeImage, Resize, read_images, split_errors
+
+    rng = np.random.default_rng(0)
+    images = []
+    for i in range(6):
+        buf = io.BytesIO()
+        a = rng.integers(0, 256, (30 + 5 * i, 44 - 3 * i, 3), dtype=np.uint8)
+        Image.fromarray(a).save(buf, format="PNG" if i % 2 else "JPEG")
+        images.append(buf.getvalue())
+    table = pa.table({"label": list(range(8)),
+                      "image": pa.array(images + [b"\x89PNG garbage", None], pa.binary())})
+    put_bytes(f"{local_dir}/raw/img.parquet", _parquet_bytes(table))
+    corpus = {"source": {"format": "parquet", "uri": f"{local_dir}/raw"},
+              "transforms": [{"decode_image": {"column": "image"}},
+                             {"resize": {"column": "image", "height": 12, "width": 10}}],
+              "read": 8, "written": 6, "bad": 2}
+    report = Pipeline(_spec(local_dir, corpus, on_error="quarantine")).run()
+    _assert_adds_up(report, corpus)
+    counts = [{k: t[k] for k in ("name", "rows_in", "rows_out", "rows_bad")}
+              for t in report.transforms]
+    assert counts == [
+        {"name": "decode_image", "rows_in": 8, "rows_out": 6, "rows_bad": 2},
+        {"name": "resize", "rows_in": 6, "rows_out": 6, "rows_bad": 0},
+    ]
+    assert sorted((r["_sf_row"], r["transform"]) for r in _quarantined(f"{local_dir}/out")) == [
+        (6, "decode_image"), (7, "decode_image")]
+    out = f"{local_dir}/out"
+    written = pa.concat_tables([pq.read_table(f"{out}/{f.path}")
+                                for f in read_manifest(out).files]).sort_by("label")
+    want = Resize(height=12, width=10)(split_errors(DecodeImage()(table))[0])
+    assert written.column("label").to_pylist() == list(range(6))
+    np.testing.assert_array_equal(read_images(written.column("image"))[0],
+                                  read_images(want.column("image"))[0])

@@ -14,8 +14,8 @@ from tests._harness import run_slicefeed
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-# Commands that need Ray join the session's cluster; the demo starts its own, as
-# on a fresh machine.
+# Commands that need Ray join the session's cluster; the demo's first run starts
+# its own, as on a fresh machine.
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 slicefeed = run_slicefeed
 
@@ -60,15 +60,16 @@ def test_demo_runs_twice_and_feeds_jax(tmp_path):
         c: "fixed_shape_tensor<int32>[2048]" for c in ("tokens", "segment_ids", "positions")
     }
     # Twice: the regenerated corpus is the same, its dataset is reused, the loader runs again;
-    # with 8 simulated devices the batch is sharded 8 ways.
+    # with 8 simulated devices the batch is sharded 8 ways. This and the next run join
+    # the session's cluster (RAY_ADDRESS), as on a shared one.
     r = slicefeed("demo", "--dir", out_dir, "--rows", "2000",
-                  env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}, own_ray=True)
+                  env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
     assert r.returncode == 0, r.stderr[-3000:]
     assert "already committed" in r.stdout, r.stdout
     assert "JaxLoader on 8 JAX device(s) (cpu)" in r.stdout
     assert "NamedSharding(mesh {'data': 8}, spec P('data',))" in r.stdout
     # Another corpus size: the demo replaces its own dataset rather than refusing.
-    r = slicefeed("demo", "--dir", out_dir, "--rows", "1000", "-q", own_ray=True)
+    r = slicefeed("demo", "--dir", out_dir, "--rows", "1000", "-q")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "text-lm: read 1000 rows" in r.stdout and "demo: wrote" not in r.stdout
 
@@ -213,14 +214,20 @@ def _closed_port() -> str:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_rerun_sees_input_changes_and_decides_before_ray(spec_file, local_dir):
-    r = slicefeed("-q", "run", spec_file)
-    assert r.returncode == 0, r.stderr[-3000:]
+    from slicefeed.pipelines import load_pipeline
+
+    # The first run, through the API on the session's warm workers: the subject
+    # is what the `slicefeed run`s after it decide.
+    assert load_pipeline(spec_file).run().status == "committed"
     # Same spec, same input: nothing to do, decided without Ray (no cluster listens at that
     # address, so a run that started Ray would fail).
     no_ray = {"RAY_ADDRESS": _closed_port()}
-    r = slicefeed("run", spec_file, env=no_ray)
+    r = slicefeed("run", spec_file, env={**no_ray, "PYTHONPROFILEIMPORTTIME": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
     assert "nothing to do" in r.stdout
+    # Nor is Ray imported (seconds of start-up for a no-op, e.g. a nightly cron rerun).
+    imported = {ln.rsplit("|", 1)[1].strip() for ln in r.stderr.splitlines() if ln.startswith("import time:")}
+    assert "slicefeed.pipelines._pipeline" in imported and "ray" not in imported, sorted(imported)[:50]
     # Two files added, one changed: refused, saying so and how to proceed, still without Ray.
     raw = os.path.join(local_dir, "raw")
     for name in ("b.jsonl", "c.jsonl"):

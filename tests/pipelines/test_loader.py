@@ -324,6 +324,24 @@ def test_prefetch_error_surfaces_with_traceback(env):
     assert loader.stats()["batches"] == 2
 
 
+def test_null_inside_a_list_is_refused_in_its_own_batch(env):
+    """A null element inside a variable-length list is refused in the batch that
+    holds it: the batches before it (slices of the same block, sharing its
+    values) are delivered."""
+    import ray
+
+    from slicefeed.pipelines import JaxLoader
+
+    vals = [[1, 2]] * 20 + [[None, 4]] + [[3]] * 11
+    ds = ray.data.from_arrow(pa.table({"toks": pa.array(vals, pa.list_(pa.int32()))}))
+    loader = JaxLoader(ds, global_batch_size=8, pad_lengths={"toks": 2}, prefetch=0)
+    got = []
+    with pytest.raises(SpecError, match="column 'toks' has 1 null"):
+        for b in loader:
+            got.append(np.asarray(b["toks"]))
+    assert len(got) == 2 and (np.concatenate(got) == [1, 2]).all()
+
+
 @pytest.mark.parametrize(
     "kw",
     [

@@ -59,6 +59,27 @@ def test_decoded_rows_per_delivered_row_at_most_1_1(
     assert 0 < st["rows_decoded_peak"] <= loader.window_rows, st
 
 
+def test_stats_state_what_the_reader_and_prefetch_may_hold(jax_cpu, datasets, monkeypatch):
+    """stats() states the bytes the local reader may hold ahead (2 x read_ahead + 1
+    windows of decoded rows) and the prefetched batches' bytes, from the settings
+    and the delivered row size (benchmarks/loader.py bounds peak RSS by twice their
+    sum); the decoded rows one read held stay within one window."""
+    from slicefeed.pipelines import JaxLoader
+    from slicefeed.pipelines._loader import _jaxloader
+
+    monkeypatch.setattr(_jaxloader, "WINDOW_TARGET_BYTES", 64 * 20)
+    loader = JaxLoader(datasets["pyarrow"], global_batch_size=16, columns=["id", "x"],
+                       local_read_ahead=3, prefetch=2)
+    batches = list(loader)
+    row = sum(np.asarray(a).dtype.itemsize * int(np.prod(a.shape[1:]))
+              for a in batches[0].values())
+    assert row == 4 + 4 * 4
+    st = loader.stats()
+    assert st["read_ahead_bytes_max"] == (2 * 3 + 1) * loader.window_rows * row, st
+    assert st["prefetch_bytes_max"] == 2 * loader.local_batch_size * row, st
+    assert 0 < st["rows_decoded_peak"] * row <= st["read_ahead_bytes_max"], st
+
+
 def test_host_copies_count_shuffle_take_and_object_store_puts(ray_cluster, jax_cpu, datasets):
     """host_copies counts the window permutation (one copy per column per window)
     and reader="ray"'s put of each window into the object store."""

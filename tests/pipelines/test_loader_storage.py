@@ -94,12 +94,18 @@ def test_gs_batches_equal_local_batches_with_streamed_row_groups(gcs, bucket, lo
     groups are larger than a window (read in chunks) and windows are shuffled."""
     from slicefeed.pipelines import JaxLoader
 
+    held = {}
+
     def batches(uri: str) -> list[list[int]]:
         write_committed(uri, SIZES, row_group_size=40)
         with JaxLoader(uri, global_batch_size=8, num_epochs=2, shuffle=True, seed=3,
                        shuffle_buffer_rows=16) as loader:
-            return [np.asarray(b["id"]).tolist() + np.asarray(b["x"])[:, 0].tolist()
-                    for b in loader]
+            out = [np.asarray(b["id"]).tolist() + np.asarray(b["x"])[:, 0].tolist()
+                   for b in loader]
+            held[uri.startswith("gs://")] = loader.stats()["read_ahead_bytes_max"]
+            return out
 
     local = batches(f"{local_dir}/same")
     assert local and local == batches(f"gs://{bucket}/same")
+    # Object storage: the compressed bytes fetched ahead count too (stats()).
+    assert held[True] > held[False] > 0, held

@@ -33,6 +33,7 @@ from slicefeed.connectors import is_committed, read_manifest, resolve_filesystem
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 N_FILES, ROWS = 20, 20
+LEASE_TTL_S = 3  # the killed runs' writer lease
 
 _CLI = (
     "import sys; sys.path.insert(0, {root!r}); import tests.pipelines._stall_transform; "
@@ -40,9 +41,9 @@ _CLI = (
 )
 
 
-def _corpus(raw: str) -> None:
+def _corpus(raw: str, files: int = N_FILES) -> None:
     os.makedirs(raw, exist_ok=True)
-    for f in range(N_FILES):
+    for f in range(files):
         with open(os.path.join(raw, f"f{f:02d}.jsonl"), "w") as fh:
             fh.writelines(json.dumps({"id": f * ROWS + i, "text": f"doc {f}-{i} " * 3}) + "\n" for i in range(ROWS))
 
@@ -75,6 +76,22 @@ def _cli(args: list[str], **popen) -> subprocess.Popen:
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True, **popen,
     )
+
+
+def _reference(spec: str, sink: str):
+    """The same pipeline run uninterrupted into ``sink``, in this process through the
+    public API (the session's warm Ray workers): the manifest a rerun must match."""
+    import tests.pipelines._stall_transform  # noqa: F401 - registers test_stall / test_gate
+    from slicefeed.pipelines import load_pipeline
+
+    assert load_pipeline(spec, [f"sink.uri={sink}"]).run().status == "committed"
+    return read_manifest(sink)
+
+
+def _wait_lease_lapsed(killed_at: float) -> None:
+    """Waits until a writer SIGKILLed at ``killed_at`` (monotonic) holds no lease
+    (``SLICEFEED_LEASE_TTL_S=3`` after its last refresh, which was before the kill)."""
+    time.sleep(max(0.0, killed_at + LEASE_TTL_S + 0.5 - time.monotonic()))
 
 
 def _finish(proc: subprocess.Popen, timeout: float = 180) -> tuple[int, str, str]:
@@ -113,7 +130,7 @@ def test_sigkill_mid_write_then_rerun_commits_identical_dataset(ray_cluster, tmp
 
     # The killed run's writer lease lapses 3 s after the kill; its shards are
     # then strays that the rerun's commit removes.
-    monkeypatch.setenv("SLICEFEED_LEASE_TTL_S", "3")
+    monkeypatch.setenv("SLICEFEED_LEASE_TTL_S", str(LEASE_TTL_S))
     proc = _cli(["run", spec])
     monkeypatch.delenv("SLICEFEED_LEASE_TTL_S")
     try:
@@ -128,17 +145,17 @@ def test_sigkill_mid_write_then_rerun_commits_identical_dataset(ray_cluster, tmp
             time.sleep(0.2)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
         proc.communicate()
     assert _shards(sink), "the kill did not land mid-write"
     assert not is_committed(sink)
 
     # The reference: the same pipeline, uninterrupted (the stall is spent).
-    rc, out, err = _finish(_cli(["run", spec, "--set", f"sink.uri={ref_sink}"]))
-    assert rc == 0, err
-    reference = read_manifest(ref_sink)
+    reference = _reference(spec, ref_sink)
     assert reference.num_rows == N_FILES * ROWS
 
     # The rerun finishes the job: identical manifest, strays gone.
+    _wait_lease_lapsed(killed_at)
     rc, out, err = _finish(_cli(["run", spec]))
     assert rc == 0, err
     m = read_manifest(sink)
@@ -255,7 +272,7 @@ def test_sigkill_after_half_the_shards_rerun_reuses_them(ray_cluster, tmp_path, 
     }))
     spec = str(path)
 
-    monkeypatch.setenv("SLICEFEED_LEASE_TTL_S", "3")
+    monkeypatch.setenv("SLICEFEED_LEASE_TTL_S", str(LEASE_TTL_S))
     proc = _cli(["run", spec])
     monkeypatch.delenv("SLICEFEED_LEASE_TTL_S")
     try:
@@ -268,18 +285,19 @@ def test_sigkill_after_half_the_shards_rerun_reuses_them(ray_cluster, tmp_path, 
             time.sleep(0.2)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
         proc.communicate()
     assert not is_committed(sink)
     finished = len(_records(sink))
     assert finished == N_FILES // 2, _records(sink)
     crashed_shards = set(_shards(sink))
     assert len(crashed_shards) == finished
-    time.sleep(3.5)  # the killed writer's lease lapses
+    # Released only once the killed writer's lease has lapsed (by then Ray has also
+    # ended the killed job's held tasks, so none of them writes another shard).
+    _wait_lease_lapsed(killed_at)
     open(release, "w").close()
 
-    rc, out, err = _finish(_cli(["run", spec, "--set", f"sink.uri={ref_sink}"]))
-    assert rc == 0, err
-    reference = read_manifest(ref_sink)
+    reference = _reference(spec, ref_sink)
 
     rc, out, err = _finish(_cli(["run", spec]))
     assert rc == 0, err
@@ -316,7 +334,7 @@ def test_dataset_level_op_reports_that_a_rerun_recomputes_everything(ray_cluster
     from slicefeed.pipelines import Pipeline
 
     raw = str(tmp_path / "raw data")
-    _corpus(raw)
+    _corpus(raw, files=3)  # several input files; a whole-dataset op over 20 is only slower
     spec = {
         "name": "dedup",
         "source": {"format": "jsonl", "uri": raw},
@@ -327,5 +345,5 @@ def test_dataset_level_op_reports_that_a_rerun_recomputes_everything(ray_cluster
     assert report.units == 0 and report.shards_reused == 0
     assert "`deduplicate` works on the whole dataset" in report.reuse
     assert "recomputes everything" in report.reuse
-    assert report.rows_written == N_FILES * ROWS
+    assert report.rows_written == 3 * ROWS
     assert not os.path.exists(os.path.join(str(tmp_path / "out"), "_units"))

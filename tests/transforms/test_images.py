@@ -255,3 +255,79 @@ def test_jpeg_draft_decoding_stays_within_tolerance_of_full_decode():
     diff = np.abs(fast - full.astype(int))
     assert diff.mean() <= 2.0 and diff.max() <= 16, (diff.mean(), diff.max())
     assert not (diff == 0).all()  # draft did change the decode path
+
+
+def _mixed_table() -> pa.Table:
+    """PNG and JPEG rows (JPEGs over twice the target size, where draft would
+    scale them), a grey PNG, an undecodable row and a null."""
+    arrays = [_pixels(40 + 7 * i, 52 + 5 * i, i) for i in range(6)]
+    data = [_encode(a, "PNG" if i % 2 else "JPEG") for i, a in enumerate(arrays)]
+    data.append(_encode(_pixels(30, 30, 9)[:, :, 0], "PNG"))  # mode L, converted to RGB
+    data += [b"not an image", None]
+    n = len(data)
+    return pa.table({
+        "image": pa.array(data, pa.binary()),
+        "label": list(range(n)),
+        PROVENANCE_FILE: ["imgs/part-0.parquet"] * n,
+        PROVENANCE_ROW: pa.array(range(n), pa.int64()),
+    })
+
+
+def _unfused(tbl: pa.Table, decode: DecodeImage, resize: Resize) -> tuple[pa.Table, pa.Table]:
+    """The two transforms one after the other, bad rows split off in between."""
+    ok, bad = split_errors(decode(tbl))
+    return resize(ok), bad
+
+
+@pytest.mark.parametrize("max_batch_bytes", [None, 20_000], ids=["all_fit", "budget_refuses"])
+def test_decode_then_exact_resize_fuses_bit_identically(max_batch_bytes):
+    """DecodeImage() then Resize(h, w) of its column run as one pass (chain_steps,
+    which pipelines and apply_transforms use): the same values, schema, bad rows
+    and reasons as the two transforms, on PNG and JPEG, also where DecodeImage()'s
+    max_batch_bytes refuses rows in row order."""
+    from slicefeed.transforms import DecodeResize, chain_steps
+
+    tbl = _mixed_table()
+    kw = {} if max_batch_bytes is None else {"max_batch_bytes": max_batch_bytes}
+    decode, resize = DecodeImage(**kw), Resize(height=12, width=10)
+    steps = chain_steps([decode, resize])
+    assert [(s.first, s.count) for s in steps] == [(0, 2)]
+    assert isinstance(steps[0].fn, DecodeResize)
+
+    want, want_bad = _unfused(tbl, decode, resize)
+    got, got_bad = split_errors(steps[0].fn(tbl))
+    assert got.schema == want.schema == check_transforms(tbl.schema, [decode, resize])
+    assert got.column("label").to_pylist() == want.column("label").to_pylist()
+    assert got.column("image").equals(want.column("image"))
+    assert got_bad.column(PROVENANCE_ROW).to_pylist() == want_bad.column(PROVENANCE_ROW).to_pylist()
+    assert got_bad.column(ERROR_COLUMN).to_pylist() == want_bad.column(ERROR_COLUMN).to_pylist()
+    if max_batch_bytes:  # the budget case does refuse decodable rows
+        assert "max_batch_bytes=20,000" in " ".join(got_bad.column(ERROR_COLUMN).to_pylist())
+    # apply_transforms runs the fused step too, with the same result.
+    out = apply_transforms(tbl, [decode, resize], on_error="skip")
+    assert out.column("image").equals(want.column("image"))
+    with pytest.raises(Exception, match=r"DecodeImage.*bad record at file 'imgs/part-0.parquet'"):
+        apply_transforms(tbl, [decode, resize])
+
+
+def test_decode_and_resize_do_not_fuse_where_results_could_differ():
+    """Fusion only where it is exact: each of these chains runs transform by
+    transform, and its result equals the transforms applied one by one."""
+    from slicefeed.transforms import chain_steps
+
+    tbl = _mixed_table().slice(0, 6)
+    chains = [
+        [DecodeImage(), Resize(shorter_side=12)],  # not an exact size
+        [DecodeImage(height=20, width=20), Resize(height=12, width=10)],  # already sized (draft)
+        [DecodeImage(output="pixels"), Resize(column="image", height=12, width=10)],  # other column
+        [DecodeImage(), CenterCrop(height=30, width=30), Resize(height=12, width=10)],  # not adjacent
+    ]
+    for chain in chains:
+        assert [s.count for s in chain_steps(chain)] == [1] * len(chain), chain
+    for chain in chains[:2] + chains[3:]:
+        want = tbl
+        for t in chain:
+            want = split_errors(t(want))[0]
+        assert apply_transforms(tbl, chain).equals(want)
+    with pytest.raises(SpecError):  # Resize of the still-encoded column is refused
+        check_transforms(tbl.schema, chains[2])
