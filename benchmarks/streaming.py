@@ -57,6 +57,10 @@ PAIRS = ("slicefeed/ray", "slicefeed/slicefeed_prev", "slicefeed_prev/ray",
          "slicefeed_prefetch0/ray", "slicefeed_prefetch0/slicefeed",
          "slicefeed_noexchange/ray", "slicefeed_noexchange/slicefeed")
 MODES = ("producer", "consumer")
+# Packing is per block, so the exact row count above holds only while each file is
+# one block of Ray's JSON reader: 512 rows (about 1 MB of text) per file is; 2,048
+# rows per file was split and packed into 16,397 rows instead of 16,384.
+ROWS_PER_FILE = 512
 
 
 # --------------------------------------------------------------------------- corpus
@@ -407,7 +411,8 @@ def main(argv=None) -> int:
     ap.add_argument("--devices-per-host", type=int, default=4)
     ap.add_argument("--batch-size", type=int, help="global batch (default 256, quick 128)")
     ap.add_argument("--rows", type=int, help="packed rows (default 16384, quick 4096)")
-    ap.add_argument("--files", type=int, default=8)
+    ap.add_argument("--files", type=int,
+                    help=f"JSONL files (default: one per {ROWS_PER_FILE} packed rows)")
     ap.add_argument("--repeat", type=int, help="default 3, quick 1")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--cases", default=",".join(DEFAULT_CASES),
@@ -435,6 +440,8 @@ def main(argv=None) -> int:
         HERE, "results", "streaming-quick.json" if args.quick else "streaming.json")
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     os.environ.update(process_env(args.devices_per_host))  # inherited by the Ray workers
+    if args.files is None:
+        args.files = max(1, rows // ROWS_PER_FILE)
     meta = ensure_corpus(rows, args.files)
     machine = machine_info()
     t_all = time.perf_counter()
