@@ -403,7 +403,11 @@ class _Stage:
         stage_id: str = "",
         first_index: int = 0,
     ):
+        from slicefeed.transforms import chain_steps
+
         self.transforms = list(transforms)
+        #: How the transforms run (fused where exact), planned once per stage.
+        self.steps = chain_steps(self.transforms)
         #: Position of ``transforms[0]`` in the spec's list (names the counters).
         self.first_index = first_index
         self.on_error = on_error
@@ -429,7 +433,7 @@ class _Stage:
     def __call__(self, table: pa.Table) -> pa.Table:
         import ray
 
-        from slicefeed.transforms import chain_steps, split_errors
+        from slicefeed.transforms import split_errors
 
         key = _batch_key(self.stage_id, table) if self.counters is not None else None
         if key is not None and self.transforms:
@@ -453,7 +457,7 @@ class _Stage:
                 table = table.drop_columns([RAW_COLUMN])
         # Steps, not transforms: where two transforms fuse exactly (chain_steps),
         # one call runs both; each keeps its own counters.
-        for step in chain_steps(self.transforms):
+        for step in self.steps:
             if table.num_rows == 0:
                 # A batch emptied by bad records may lack the data columns
                 # (an unreadable file has none); transforms need them.
