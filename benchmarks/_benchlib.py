@@ -519,19 +519,19 @@ def machine_info() -> dict:
     return info
 
 
-def validate(res: dict, meta: dict, expected_rows: int) -> list[str]:
-    """Problems with a case's delivered content (empty list: valid)."""
+def validate(res: dict, meta: dict, expected_rows: int, epochs: int = 1) -> list[str]:
+    """Problems with a case's delivered content (empty list: valid); ``expected_rows``
+    per epoch, ``epochs`` passes over the dataset."""
     problems = list(res.get("errors") or [])
-    if res.get("rows") != expected_rows:
-        problems.append(f"delivered {res.get('rows')} rows, expected {expected_rows}")
+    if res.get("rows") != expected_rows * epochs:
+        problems.append(f"delivered {res.get('rows')} rows, expected {expected_rows * epochs}")
     if expected_rows == meta["rows"]:
-        if res.get("token_sum") != meta["token_sum"] or res.get("token_count") != meta[
-            "token_count"
-        ]:
+        tok, count = meta["token_sum"] * epochs, meta["token_count"] * epochs
+        if res.get("token_sum") != tok or res.get("token_count") != count:
             problems.append(
                 f"token checksum {res.get('token_sum')}/{res.get('token_count')} != expected "
-                f"{meta['token_sum']}/{meta['token_count']}"
+                f"{tok}/{count}"
             )
-        if res.get("doc_id_sum") != meta["doc_id_sum"]:
-            problems.append(f"doc_id sum {res.get('doc_id_sum')} != {meta['doc_id_sum']}")
+        if res.get("doc_id_sum") != meta["doc_id_sum"] * epochs:
+            problems.append(f"doc_id sum {res.get('doc_id_sum')} != {meta['doc_id_sum'] * epochs}")
     return problems

@@ -24,6 +24,13 @@ Every case runs in its own subprocess (isolated RSS, Ray state and JAX runtime)
 and is validated: a case that delivers the wrong number of rows or the wrong
 token checksum FAILS instead of reporting a number.
 
+Every case reads the dataset ``--epochs`` times (default 4; ``--quick`` 2), one
+epoch after the other as a training loop does, and its steady rate is taken
+over all of them. One pass over 32,768 rows is too short to be steady: the
+``pyarrow_limit`` scanner decodes several files ahead during the warm-up
+batches, so a one-pass rate counted work done before the measured window and
+came out above what the two cores can decode at all (benchmarks/README.md).
+
 Usage::
 
     python benchmarks/loader.py --quick             # a few minutes
@@ -155,10 +162,11 @@ def case_pyarrow_limit(cfg, meta, consume, extra) -> float:
     B = cfg["batch_size"]
     RSS.start()  # after the case's imports, before its loader is built
     t0 = time.perf_counter()
-    ds = pads.dataset(meta["files"], format="parquet")
-    batches = ds.to_batches(batch_size=B, use_threads=True, columns=list(COLUMNS))
-    for t in _rebatch(batches, B):
-        consume({c: _dense(t.column(c)) for c in COLUMNS})
+    for _ in range(cfg["epochs"]):
+        ds = pads.dataset(meta["files"], format="parquet")
+        batches = ds.to_batches(batch_size=B, use_threads=True, columns=list(COLUMNS))
+        for t in _rebatch(batches, B):
+            consume({c: _dense(t.column(c)) for c in COLUMNS})
     return t0
 
 
@@ -175,13 +183,14 @@ def case_raw_jax(cfg, meta, consume, extra) -> float:
         for path in meta["files"]:
             yield from pq.ParquetFile(path).iter_batches(batch_size=B, columns=list(COLUMNS))
 
-    for t in _rebatch(record_batches(), B):
-        consume(
-            {
-                c: jax.make_array_from_process_local_data(sharding, _dense(t.column(c)))
-                for c in COLUMNS
-            }
-        )
+    for _ in range(cfg["epochs"]):
+        for t in _rebatch(record_batches(), B):
+            consume(
+                {
+                    c: jax.make_array_from_process_local_data(sharding, _dense(t.column(c)))
+                    for c in COLUMNS
+                }
+            )
     return t0
 
 
@@ -200,8 +209,10 @@ def case_ray_iter_jax_batches(cfg, meta, consume, extra) -> float:
     RSS.start()  # after the case's imports, before its loader is built
     t0 = time.perf_counter()
     ds = ray.data.read_parquet(meta["files"])
-    for batch in ds.iter_jax_batches(batch_size=B, collate_fn=DenseCollate(), drop_last=True):
-        consume(batch)
+    for _ in range(cfg["epochs"]):  # each epoch streams the files again, as a trainer's does
+        for batch in ds.iter_jax_batches(batch_size=B, collate_fn=DenseCollate(),
+                                         drop_last=True):
+            consume(batch)
     return t0
 
 
@@ -212,23 +223,25 @@ def case_grain(cfg, meta, consume, extra) -> float:
     sharding = _mesh_sharding()
     RSS.start()  # after the case's imports, before its loader is built
     t0 = time.perf_counter()
-    ds = grain.experimental.ParquetIterDataset(meta["files"])
-    ds = ds.batch(B, drop_remainder=True)
-    ds = grain.experimental.device_put(ds, sharding)
-    for batch in ds:
-        consume(batch)
+    for _ in range(cfg["epochs"]):
+        ds = grain.experimental.ParquetIterDataset(meta["files"])
+        ds = ds.batch(B, drop_remainder=True)
+        ds = grain.experimental.device_put(ds, sharding)
+        for batch in ds:
+            consume(batch)
     return t0
 
 
 def case_slicefeed(cfg, meta, consume, extra) -> float:
-    _ray_init(extra, cfg)
+    if cfg.get("loader_kwargs", {}).get("reader") == "ray":
+        _ray_init(extra, cfg)  # reader="local" reads in this process: no Ray
     from slicefeed.pipelines import JaxLoader
 
     B = cfg["batch_size"]
     RSS.start()  # after the case's imports, before its loader is built
     t0 = time.perf_counter()
     loader = JaxLoader(
-        meta["dir"], global_batch_size=B, num_epochs=1, dtypes=LOADER_DTYPES,
+        meta["dir"], global_batch_size=B, num_epochs=cfg["epochs"], dtypes=LOADER_DTYPES,
         **cfg.get("loader_kwargs", {}),
     )
     for batch in loader:
@@ -289,7 +302,7 @@ def child_main(cfg_json: str) -> None:
 
 
 def run_case(case: str, batch_size: int, meta: dict, args, device_count: int = 8) -> dict:
-    cfg = {"case": case, "batch_size": batch_size, "meta": meta,
+    cfg = {"case": case, "batch_size": batch_size, "meta": meta, "epochs": args.epochs,
            "default_store": case.endswith(DEFAULT_STORE)}
     if args.profile and case in args.profile.split(","):
         cfg["profile"] = os.path.join(
@@ -300,7 +313,7 @@ def run_case(case: str, batch_size: int, meta: dict, args, device_count: int = 8
     if not finished:
         return res
     expected = (meta["rows"] // batch_size) * batch_size
-    problems = validate(res, meta, expected)
+    problems = validate(res, meta, expected, args.epochs)
     if expected != meta["rows"]:
         problems.append(f"rows ({meta['rows']}) not a multiple of batch size {batch_size}")
     if problems:
@@ -457,6 +470,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", type=int, help="dataset rows (default 32768; quick 8192)")
     ap.add_argument("--files", type=int, help="Parquet files (default 8; quick 4)")
     ap.add_argument("--row-group", type=int, default=1024, help="rows per Parquet row group")
+    ap.add_argument("--epochs", type=int, help="passes over the dataset per case (default 4; quick 2)")
     ap.add_argument("--timeout", type=float, default=None, help="seconds per case process")
     ap.add_argument("--profile", default="", help="cases to profile with pyinstrument (text next to the JSON)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -469,6 +483,7 @@ def main(argv=None) -> int:
     rows = args.rows or (8192 if q else 32768)
     files = args.files or (4 if q else 8)
     repeat = args.repeat or (1 if q else 3)
+    args.epochs = args.epochs or (2 if q else 4)
     sizes = [int(x) for x in (args.batch_sizes or ("256,1024" if q else "64,256,1024")).split(",")]
     args.timeout = args.timeout or (150 if q else 600)
     args.json = args.json or os.path.join(HERE, "results", "loader-quick.json" if q else "loader.json")
@@ -487,7 +502,8 @@ def main(argv=None) -> int:
     warm_page_cache(meta["files"])
     print(
         f"dataset {meta['dir']}: {rows} rows x {ROW_BYTES} B in {files} files "
-        f"({meta['file_bytes'] / 1e6:.0f} MB on disk); cases {cases}; repeat {repeat}; "
+        f"({meta['file_bytes'] / 1e6:.0f} MB on disk), {args.epochs} epochs per case; "
+        f"cases {cases}; repeat {repeat}; "
         f"load {os.getloadavg()[0]:.1f}",
         flush=True,
     )
@@ -543,10 +559,11 @@ def main(argv=None) -> int:
             "file_bytes": meta["file_bytes"],
             "global_batch_size": args.batch_size,
             "repeat": repeat,
+            "epochs": args.epochs,
             "batch_sizes": sizes,
             "devices": 8,
-            "warmup": "first max(2, ceil(10% of batches)) batches excluded; rate = rows after "
-            "them / time from the last warm-up batch's arrival to the last batch's",
+            "warmup": "first max(2, ceil(10% of batches)) batches of all epochs excluded; rate = "
+            "rows after them / time from the last warm-up batch's arrival to the last batch's",
         },
         "sweep_rows_per_s": {c: {str(b): v for b, v in pts.items()} for c, pts in sweep.items()},
         "runs": runs,
