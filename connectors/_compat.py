@@ -37,6 +37,11 @@ Entries (private attribute -> fallback when it is gone):
   ``write_datasink``), deprecated in Ray 2.60 for reads and maps with no named
   replacement -> the deprecation warning is silenced around the calls (Ray
   Data 2.64 drops them: revisit then).
+- :func:`register_ray_extension_types` / :func:`unregistered_ray_extension` -- the
+  ``ray.data.`` prefix of the Arrow extension names Ray Data gives its tensor and
+  pickled-object column types (registered by the public ``import ray.data``)
+  -> a renamed type is not recognised: nothing is imported, and a column of it
+  reads as its storage type, as before.
 """
 
 from __future__ import annotations
@@ -59,8 +64,10 @@ __all__ = [
     "kv_try_get",
     "kv_wait",
     "quiet_ray_logging",
+    "register_ray_extension_types",
     "task_retry_args",
     "task_retry_options",
+    "unregistered_ray_extension",
     "valid_tpu_topologies",
 ]
 
@@ -275,3 +282,58 @@ def task_retry_args() -> Iterator[None]:
         warnings.filterwarnings("ignore", message=".*ray_remote_args.*",
                                 category=RayDeprecationWarning)
         yield
+
+
+# Arrow keeps an extension type that no one in the process registered as its
+# storage type, with the type's name left in this field metadata key.
+_EXTENSION_NAME_KEY = b"ARROW:extension:name"
+# Ray Data names its extension types ``ray.data.arrow_tensor``,
+# ``ray.data.arrow_tensor_v2``, ``ray.data.arrow_variable_shaped_tensor``,
+# ``ray.data.arrow_pickled_object``.
+_RAY_EXTENSION_PREFIX = b"ray.data."
+
+
+def _fields_within(field: Any) -> Iterator[Any]:
+    """``field`` and the fields nested in its struct / list types."""
+    yield field
+    t = field.type
+    children = [t.field(i) for i in range(t.num_fields)] if hasattr(t, "names") else []
+    if hasattr(t, "value_field"):
+        children = [t.value_field]
+    for child in children:
+        yield from _fields_within(child)
+
+
+def unregistered_ray_extension(field: Any) -> str | None:
+    """The name of a Ray Data extension type that ``field`` (or a field nested
+    in it) was written with but reads without, because this process has not
+    registered it; None when there is none.
+
+    Such a field's type is the extension's storage (a tensor's storage is a
+    variable-length list of all its values: its per-row shape is lost).
+    """
+    for f in _fields_within(field):
+        name = (f.metadata or {}).get(_EXTENSION_NAME_KEY, b"")
+        if name.startswith(_RAY_EXTENSION_PREFIX):
+            return name.decode("utf-8", "replace")
+    return None
+
+
+def register_ray_extension_types(schema: Any) -> bool:
+    """Registers Ray Data's Arrow extension types when ``schema`` has a field
+    written with one that this process has not registered.
+
+    True when it registered them: deserialise the schema (or read the file)
+    again to get the extension types. False when no field needs them or
+    ``ray.data`` cannot be imported (such fields keep their storage types;
+    :func:`unregistered_ray_extension` still names them).
+    Ray Data registers its types when ``ray.data`` is imported, which a
+    process that only reads a committed dataset may never have done.
+    """
+    if not any(unregistered_ray_extension(f) for f in schema):
+        return False
+    try:
+        import ray.data  # noqa: F401 - registers the extension types
+    except ImportError:
+        return False
+    return True

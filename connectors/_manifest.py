@@ -55,6 +55,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from slicefeed.connectors import _compat
 from slicefeed.connectors._errors import CorruptManifestError, NotCommittedError
 from slicefeed.connectors._fs import ResolvedPath, resolve_filesystem
 
@@ -286,7 +287,12 @@ class Manifest:
         if len({f["path"] for f in doc["files"]}) != len(doc["files"]):
             raise bad("a file is listed twice")
         try:
-            schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(doc["schema"], validate=True)))
+            raw = pa.py_buffer(base64.b64decode(doc["schema"], validate=True))
+            schema = pa.ipc.read_schema(raw)
+            # A dataset Ray Data wrote holds its tensor extension types, which
+            # read as their storage (shapes lost) until ray.data registers them.
+            if _compat.register_ray_extension_types(schema):
+                schema = pa.ipc.read_schema(raw)
         except (ValueError, TypeError, pa.ArrowException) as e:
             raise bad(f"its schema does not parse ({_short(e)})") from None
         for key in ("num_rows", "num_bytes"):

@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from slicefeed.connectors import MissingColumnError, SpecError
+from slicefeed.connectors import MissingColumnError, SpecError, _compat
 from slicefeed.transforms import is_bfloat16_field
 
 MASK_KEY = "mask"
@@ -216,6 +216,14 @@ def plan_columns(
     for c in selected:
         field = schema.field(c)
         t = field.type
+        ext = _compat.unregistered_ray_extension(field)
+        if ext is not None:
+            # Its storage type has lost the per-row shape: never guess it.
+            raise SpecError(
+                f"JaxLoader: column {c!r} was written as Ray Data's {ext} type, which "
+                f"this process could not register (importing ray.data failed), so only "
+                f"its storage {t} is known; make ray.data importable, or exclude it."
+            )
         storage = _storage_of(t)
         leaf = _leaf_type(t)
         if (

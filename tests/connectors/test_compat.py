@@ -119,3 +119,25 @@ def test_kv_wait_returns_value_or_none():
 
     assert _compat.kv_wait(Client(), "k", 0) == "v"
     assert _compat.kv_wait(Client(), "missing", 10) is None
+
+
+def test_ray_extension_types_are_named_and_registered_on_demand():
+    """A field Ray Data wrote as its tensor type, read where the type is not
+    registered, is its storage type with the name left in its metadata."""
+    import numpy as np
+
+    name = {b"ARROW:extension:name": b"ray.data.arrow_tensor_v2",
+            b"ARROW:extension:metadata": b"[3, 4]"}
+    bare = pa.field("f", pa.large_list(pa.float32()), metadata=name)
+    nested = pa.field("g", pa.list_(pa.field("item", pa.large_list(pa.int32()), metadata=name)))
+    plain = pa.schema([pa.field("x", pa.int32()), pa.field("y", pa.list_(pa.int32()))])
+    assert _compat.unregistered_ray_extension(bare) == "ray.data.arrow_tensor_v2"
+    assert _compat.unregistered_ray_extension(nested) == "ray.data.arrow_tensor_v2"
+    assert _compat.unregistered_ray_extension(plain.field("y")) is None
+    assert not _compat.register_ray_extension_types(plain)
+    assert _compat.register_ray_extension_types(pa.schema([bare]))
+    # Registered now: the same bytes deserialise as Ray's tensor type.
+    back = pa.ipc.read_schema(pa.schema([bare]).serialize()).field("f")
+    assert isinstance(back.type, pa.BaseExtensionType) and tuple(back.type.shape) == (3, 4)
+    assert _compat.unregistered_ray_extension(back) is None
+    assert np.dtype(back.type.storage_type.value_type.to_pandas_dtype()) == np.float32

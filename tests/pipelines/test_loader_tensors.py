@@ -200,3 +200,65 @@ def test_null_inside_a_tensor_is_refused_naming_the_column(env, local_dir, value
     with (pytest.raises(SpecError, match=r"column 'm' has 1 null"),
           JaxLoader(uri, global_batch_size=8, prefetch=1) as loader):
         list(loader)
+
+
+_READ_IN_FRESH_PROCESS = """
+import sys
+import numpy as np
+from slicefeed.pipelines import JaxLoader
+assert "ray.data" not in sys.modules  # nothing has registered Ray's tensor types yet
+with JaxLoader(sys.argv[1], global_batch_size=8, prefetch=1) as loader:
+    batches = list(loader)
+np.savez(sys.argv[2], **{k: np.concatenate([np.asarray(b[k]) for b in batches])
+                         for k in batches[0]})
+"""
+
+
+def test_committed_ray_tensor_columns_load_in_a_process_without_ray_data(env, local_dir):
+    """A dataset Ray Data committed with ndarray columns names Ray's tensor
+    extension in its schema; a training process that has not imported
+    ``ray.data`` reads it with the same per-row shapes and values (Arrow
+    would otherwise see only the variable-length list storage)."""
+    import subprocess
+    import sys
+
+    import ray
+
+    from slicefeed.connectors import read_manifest, write_parquet
+
+    n = 16
+    f = (np.arange(n * 12, dtype=np.float32).reshape(n, 3, 4) / 4)
+    i = np.arange(n * 12, dtype=np.int32).reshape(n, 3, 4) * 10
+    rows = [{"f": f[k], "i": i[k], "label": np.int32(k)} for k in range(n)]
+    uri = os.path.join(local_dir, "ray-tensors")
+    write_parquet(ray.data.from_items(rows, override_num_blocks=2), uri)
+    assert read_manifest(uri).schema.field("f").type.extension_name.startswith("ray.data.")
+    out = os.path.join(local_dir, "got.npz")
+    r = subprocess.run([sys.executable, "-c", _READ_IN_FRESH_PROCESS, uri, out],
+                       capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = np.load(out)
+    order = np.argsort(got["label"])
+    np.testing.assert_array_equal(got["label"][order], np.arange(n))
+    assert got["f"].shape == f.shape and got["f"].dtype == np.float32
+    assert got["i"].shape == i.shape and got["i"].dtype == np.int32
+    np.testing.assert_array_equal(got["f"][order], f)
+    np.testing.assert_array_equal(got["i"][order], i)
+
+
+def test_unregistered_ray_tensor_column_is_refused_not_flattened():
+    """A Ray tensor column whose type could not be registered is only its
+    variable-length list storage: refused naming the column and the type,
+    even with a pad length that would deliver flattened rows."""
+    from slicefeed.connectors import SpecError
+    from slicefeed.pipelines._loader._convert import plan_columns
+
+    name = {b"ARROW:extension:name": b"ray.data.arrow_tensor_v2",
+            b"ARROW:extension:metadata": b"[3, 4]"}
+    schema = pa.schema([pa.field("f", pa.large_list(pa.float32()), metadata=name),
+                        pa.field("label", pa.int32())])
+    with pytest.raises(SpecError, match=r"column 'f' was written as Ray Data's "
+                                        r"ray.data.arrow_tensor_v2 type"):
+        plan_columns(schema, pad_lengths={"f": 12})
+    assert [s.name for s in plan_columns(schema, exclude=["f"])] == ["label"]
