@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
@@ -224,6 +225,7 @@ def _open_shard(f: Any, path: str, expect: list[int] | None) -> Any:
     from slicefeed.connectors import CorruptFileError, ShardMismatchError
 
     size = getattr(f, "size", None)
+    size = size() if callable(size) else size  # an Arrow NativeFile's is a method
     if expect is not None and size is not None and int(size) != expect[1]:
         raise ShardMismatchError(
             f"{path}: {int(size)} bytes, the manifest says {expect[1]}. The shard was replaced "
@@ -346,8 +348,70 @@ def _new_counters() -> dict:
     return {"rows_decoded": 0, "rows_decoded_peak": 0, "host_copies": 0, "host_copy_bytes": 0}
 
 
+#: This process's row-group decoding threads: ``(pid, ThreadPoolExecutor)``
+#: (see :func:`_decoder`).
+_decode: tuple[int, Any] | None = None
+_decode_lock = threading.Lock()
+
+
+def _decoder() -> Any:
+    """Threads that decode row groups, one per core Arrow counts; made on first
+    use, and again in a forked child (which inherits the pool, not its threads)."""
+    global _decode
+    from concurrent.futures import ThreadPoolExecutor
+
+    with _decode_lock:
+        if _decode is None or _decode[0] != os.getpid():
+            pool = ThreadPoolExecutor(max(2, pa.cpu_count()), thread_name_prefix="slicefeed-decode")
+            _decode = (os.getpid(), pool)
+        return _decode[1]
+
+
+def _native_path(fs: Any, path: str) -> str | None:
+    """``path`` as an operating-system path when ``fs`` is exactly fsspec's local
+    disk (a subclass may intercept reads, so it keeps its own ``open``)."""
+    from fsspec.implementations.local import LocalFileSystem
+
+    return fs._strip_protocol(path) if type(fs) is LocalFileSystem else None
+
+
+def _read_group(f: Any, md: Any, g: int, columns: list[str]) -> pa.Table:
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(f, metadata=md).read_row_group(g, columns=columns)
+
+
+def _read_groups(pf: Any, idx: list[int], columns: list[str], shared: Any,
+                 batch_rows: int) -> pa.Table:
+    """Whole row groups ``idx`` of ``pf``, in file order. With ``shared`` (the
+    Arrow ``OSFile`` ``pf`` reads: positional reads, safe from several threads),
+    each row group is decoded on a decoding thread (:func:`_decoder`):
+    ``read_row_groups`` decodes a window's columns in parallel, and one column
+    usually dominates, so a window would use about one core.
+
+    The table then has a chunk per row group, so a batch of ``batch_rows`` that
+    spans two is joined (one copy per column, counted where it is converted).
+    Row groups are decoded concurrently only when at most a quarter of their
+    boundaries fall inside a batch (counted from the first row group; the
+    windows of a committed dataset start on a batch), so small row groups that
+    batches straddle keep ``read_row_groups``, which decodes into one chunk."""
+    if shared is None or len(idx) < 2:
+        return pf.read_row_groups(idx, columns=columns)
+    md = pf.metadata
+    ends = itertools.accumulate(md.row_group(g).num_rows for g in idx[:-1])
+    if 4 * sum(1 for e in ends if e % batch_rows) > len(idx):
+        return pf.read_row_groups(idx, columns=columns)
+    pool = _decoder()
+    futures = [pool.submit(_read_group, shared, md, g, columns) for g in idx]
+    try:
+        return pa.concat_tables([f.result() for f in futures])
+    finally:
+        for f in futures:
+            f.cancel()
+
+
 def read_run(batch: dict, *, fs, base_dir: str, columns: list[str],
-             report: Any = None) -> Iterator[pa.Table]:
+             report: Any = None, decode_threads: int = 0) -> Iterator[pa.Table]:
     """Reads one run of windows (see :func:`_plan.read_runs`), one table per
     window; also the Ray Data ``map_batches`` function of ``reader="ray"``.
     A window is ``{"pieces", "rng", "skip", "key"}`` and optionally ``"stop"``:
@@ -358,12 +422,17 @@ def read_run(batch: dict, *, fs, base_dir: str, columns: list[str],
     streamed (:class:`_Stream`), so a run decodes each row it reads once.
     Counters go to ``report`` when given, else into each table's schema
     metadata under :data:`READ_COUNTERS_KEY` (a Ray task has no other way back).
+    ``decode_threads``: the loader's local batch rows, to open local files as
+    Arrow ``OSFile`` s and decode the consecutive whole row groups of a window
+    concurrently (:func:`_read_groups`); 0 (off) in a Ray task, which holds one
+    CPU.
     """
     assert len(batch["w"]) == 1
     spec = json.loads(batch["spec"][0])
     expect = spec.get("expect") or {}
     wins = spec["windows"]
     opened: dict[str, Any] = {}
+    shared: dict[str, Any] = {}  # path -> OSFile read by several decoding threads
     handles = []
     stream: _Stream | None = None
     batch_rows = max(sum(hi - lo for _, lo, hi in w["pieces"]) for w in wins)
@@ -376,9 +445,12 @@ def read_run(batch: dict, *, fs, base_dir: str, columns: list[str],
                     fs, f"{base_dir}/{path}", expect[path], _shards.run_spans(wins, path),
                     columns)
             if path not in opened:
-                f = fs.open(f"{base_dir}/{path}", "rb")
+                native = _native_path(fs, f"{base_dir}/{path}") if decode_threads else None
+                f = fs.open(f"{base_dir}/{path}", "rb") if native is None else pa.OSFile(native)
                 handles.append(f)
                 opened[path] = _open_shard(f, f"{base_dir}/{path}", expect.get(path))
+                if native is not None:
+                    shared[path] = f
             return opened[path]
 
         if len(wins) > 1:  # the chunks of one piece: one stream for all of them
@@ -396,7 +468,7 @@ def read_run(batch: dict, *, fs, base_dir: str, columns: list[str],
                 pf = shard(path)
                 idx, _, exact = _overlapping_groups(pf, lo, hi)
                 if exact:
-                    t = pf.read_row_groups(idx, columns=columns)
+                    t = _read_groups(pf, idx, columns, shared.get(path), decode_threads)
                     counters["rows_decoded"] += t.num_rows
                     parts.append((t, 0, t.num_rows))
                 else:
@@ -686,9 +758,9 @@ class ManifestSource:
             "columns": list(ctx.columns),
         }
         if ctx.reader == "local":
-            return _batches_of(
-                iter(_LocalRuns(items, {**fn_kwargs, "report": ctx.on_read}, ctx.read_ahead,
-                                ctx.stop)), ctx.batch_rows)
+            local = {**fn_kwargs, "report": ctx.on_read, "decode_threads": ctx.batch_rows}
+            return _batches_of(iter(_LocalRuns(items, local, ctx.read_ahead, ctx.stop)),
+                               ctx.batch_rows)
         import ray.data
 
         ds = ray.data.from_items(items, override_num_blocks=len(items))

@@ -223,3 +223,50 @@ def test_resumed_spans_stream_a_large_row_group_once(datasets, shuffle):
     ids = np.concatenate([t.column("id").to_numpy() for t in src.tables(0, 0, ctx)])
     assert len(ids) == len(set(ids.tolist())) == 1000 - 40
     assert counts["rows_decoded"] <= 1.1 * len(ids), counts
+
+
+@pytest.mark.parametrize("shuffle", [False, True], ids=["ordered", "shuffled"])
+def test_windows_of_several_row_groups_decode_concurrently_in_file_order(
+    ray_cluster, jax_cpu, tmp_path, monkeypatch, shuffle
+):
+    """reader="local" decodes the consecutive whole row groups of a window
+    concurrently, a chunk each (_sources._read_groups; a shuffled window's pieces
+    lie apart and are read one by one); the rows, their order and every value
+    are those of reader="ray", which decodes them one after the other (64-row
+    groups, 32-row batches, files of uneven sizes). No file handle is left open."""
+    from slicefeed.pipelines import JaxLoader
+    from slicefeed.pipelines._loader import _jaxloader, _sources
+    from tests.pipelines._data import write_committed
+
+    uri = str(tmp_path / "ds")
+    n = write_committed(uri, [512, 400], row_group_size=64)
+    monkeypatch.setattr(_jaxloader, "WINDOW_TARGET_BYTES", 256 * 48)  # ~48 bytes per row
+    kw = {"global_batch_size": 32, "shuffle": shuffle, "seed": 3, "shuffle_buffer_rows": 128,
+          "num_epochs": 2}
+    calls = []
+    read_groups = _sources._read_groups
+
+    def spy(pf, idx, columns, shared, batch_rows):
+        calls.append((len(idx), shared is not None))
+        return read_groups(pf, idx, columns, shared, batch_rows)
+
+    monkeypatch.setattr(_sources, "_read_groups", spy)
+    fds = len(os.listdir("/proc/self/fd"))
+    local = JaxLoader(uri, reader="local", **kw)
+    assert local.window_rows >= 128  # several 64-row groups per window
+    got = [{k: np.asarray(v) for k, v in b.items()} for b in local]
+    local.close()
+    assert shuffle or any(k >= 2 and concurrent for k, concurrent in calls), calls
+    assert len(os.listdir("/proc/self/fd")) <= fds
+    calls.clear()
+    want = [{k: np.asarray(v) for k, v in b.items()} for b in JaxLoader(uri, reader="ray", **kw)]
+    assert not any(concurrent for _, concurrent in calls)
+    assert len(got) == len(want) == 2 * (n // 32)
+    for a, b in zip(got, want):
+        assert a.keys() == b.keys()
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k])
+    ids = np.concatenate([b["id"] for b in got[: n // 32]])
+    if not shuffle:
+        np.testing.assert_array_equal(ids, np.arange(len(ids)))
+    assert len(set(ids.tolist())) == len(ids)
