@@ -164,6 +164,13 @@ class _SparseFile(io.RawIOBase):
         self.blocks = [ranges[s] for s in self.starts]
         self.pos = 0
 
+    def twin(self) -> _SparseFile:
+        """The same held bytes (shared, not copied) at a position of its own: a
+        file object has one position, so each reading thread needs its own."""
+        out = _SparseFile(self.fs, self.path, self.size, {})
+        out.starts, out.blocks = self.starts, self.blocks
+        return out
+
     def readable(self) -> bool:
         return True
 
@@ -266,11 +273,13 @@ _ahead: dict[tuple, Any] = {}
 
 
 def open_shard(fs: Any, path: str, expect: list[int], spans: tuple[tuple[int, int], ...],
-               columns: list[str] | None) -> pq.ParquetFile:
+               columns: list[str] | None) -> tuple[pq.ParquetFile, Any]:
     """The committed shard at ``path`` (``expect``: the manifest's ``[num_rows,
     num_bytes]``) as a ``ParquetFile`` holding in memory the column chunks of the
     row groups ``spans`` overlap: the footer (cached) and those chunks in
     concurrent ranged reads, or taken from a :class:`FetchAhead` that started them.
+    Also a function giving another file of the same held bytes at a position of
+    its own (:meth:`_SparseFile.twin`), for another thread to read.
 
     Raises:
         ShardMismatchError: the shard's size or row count is not the manifest's.
@@ -295,4 +304,5 @@ def open_shard(fs: Any, path: str, expect: list[int], spans: tuple[tuple[int, in
         if len(b) != e - s:
             raise _mismatch(fs, path, size, f"bytes {s}-{e} read as {len(b)} bytes")
         held[s] = b
-    return pq.ParquetFile(_SparseFile(fs, path, size, held), metadata=md)
+    sparse = _SparseFile(fs, path, size, held)
+    return pq.ParquetFile(sparse, metadata=md), sparse.twin

@@ -375,19 +375,22 @@ def _native_path(fs: Any, path: str) -> str | None:
     return fs._strip_protocol(path) if type(fs) is LocalFileSystem else None
 
 
-def _read_group(f: Any, md: Any, g: int, columns: list[str]) -> pa.Table:
+def _read_group(source: Callable[[], Any], md: Any, g: int, columns: list[str]) -> pa.Table:
     import pyarrow.parquet as pq
 
-    return pq.ParquetFile(f, metadata=md).read_row_group(g, columns=columns)
+    return pq.ParquetFile(source(), metadata=md).read_row_group(g, columns=columns)
 
 
-def _read_groups(pf: Any, idx: list[int], columns: list[str], shared: Any,
-                 batch_rows: int) -> pa.Table:
-    """Whole row groups ``idx`` of ``pf``, in file order. With ``shared`` (the
-    Arrow ``OSFile`` ``pf`` reads: positional reads, safe from several threads),
-    each row group is decoded on a decoding thread (:func:`_decoder`):
-    ``read_row_groups`` decodes a window's columns in parallel, and one column
-    usually dominates, so a window would use about one core.
+def _read_groups(pf: Any, idx: list[int], columns: list[str],
+                 source: Callable[[], Any] | None, batch_rows: int) -> pa.Table:
+    """Whole row groups ``idx`` of ``pf``, in file order. With ``source`` (gives
+    a file of the same bytes that one thread may read: the Arrow ``OSFile`` of
+    a local shard, whose positional reads are safe from several threads, or a
+    twin of an object-storage shard's held ranges), each row group is decoded
+    on a decoding thread (:func:`_decoder`): ``read_row_groups`` decodes a
+    window's columns in parallel, and one column usually dominates, so a window
+    would use about one core; and it grows one buffer per column to the
+    window's size, where a chunk per row group is allocated once.
 
     The table then has a chunk per row group, so a batch of ``batch_rows`` that
     spans two is joined (one copy per column, counted where it is converted).
@@ -395,14 +398,14 @@ def _read_groups(pf: Any, idx: list[int], columns: list[str], shared: Any,
     boundaries fall inside a batch (counted from the first row group; the
     windows of a committed dataset start on a batch), so small row groups that
     batches straddle keep ``read_row_groups``, which decodes into one chunk."""
-    if shared is None or len(idx) < 2:
+    if source is None or len(idx) < 2:
         return pf.read_row_groups(idx, columns=columns)
     md = pf.metadata
     ends = itertools.accumulate(md.row_group(g).num_rows for g in idx[:-1])
     if 4 * sum(1 for e in ends if e % batch_rows) > len(idx):
         return pf.read_row_groups(idx, columns=columns)
     pool = _decoder()
-    futures = [pool.submit(_read_group, shared, md, g, columns) for g in idx]
+    futures = [pool.submit(_read_group, source, md, g, columns) for g in idx]
     try:
         return pa.concat_tables([f.result() for f in futures])
     finally:
@@ -422,17 +425,17 @@ def read_run(batch: dict, *, fs, base_dir: str, columns: list[str],
     streamed (:class:`_Stream`), so a run decodes each row it reads once.
     Counters go to ``report`` when given, else into each table's schema
     metadata under :data:`READ_COUNTERS_KEY` (a Ray task has no other way back).
-    ``decode_threads``: the loader's local batch rows, to open local files as
-    Arrow ``OSFile`` s and decode the consecutive whole row groups of a window
-    concurrently (:func:`_read_groups`); 0 (off) in a Ray task, which holds one
-    CPU.
+    ``decode_threads``: the loader's local batch rows, to decode the
+    consecutive whole row groups of a window concurrently (:func:`_read_groups`;
+    local files are then opened as Arrow ``OSFile`` s); 0 (off) in a Ray task,
+    which holds one CPU.
     """
     assert len(batch["w"]) == 1
     spec = json.loads(batch["spec"][0])
     expect = spec.get("expect") or {}
     wins = spec["windows"]
     opened: dict[str, Any] = {}
-    shared: dict[str, Any] = {}  # path -> OSFile read by several decoding threads
+    sources: dict[str, Callable[[], Any]] = {}  # path -> a file per decoding thread
     handles = []
     stream: _Stream | None = None
     batch_rows = max(sum(hi - lo for _, lo, hi in w["pieces"]) for w in wins)
@@ -441,16 +444,18 @@ def read_run(batch: dict, *, fs, base_dir: str, columns: list[str],
         def shard(path: str) -> Any:
             if path not in opened and expect.get(path) is not None and _shards.is_remote(fs):
                 # Object storage: no stat, the run's column chunks in concurrent reads.
-                opened[path] = _shards.open_shard(
+                opened[path], twin = _shards.open_shard(
                     fs, f"{base_dir}/{path}", expect[path], _shards.run_spans(wins, path),
                     columns)
+                if decode_threads:
+                    sources[path] = twin
             if path not in opened:
                 native = _native_path(fs, f"{base_dir}/{path}") if decode_threads else None
                 f = fs.open(f"{base_dir}/{path}", "rb") if native is None else pa.OSFile(native)
                 handles.append(f)
                 opened[path] = _open_shard(f, f"{base_dir}/{path}", expect.get(path))
                 if native is not None:
-                    shared[path] = f
+                    sources[path] = lambda f=f: f  # positional reads: one file for all
             return opened[path]
 
         if len(wins) > 1:  # the chunks of one piece: one stream for all of them
@@ -468,7 +473,7 @@ def read_run(batch: dict, *, fs, base_dir: str, columns: list[str],
                 pf = shard(path)
                 idx, _, exact = _overlapping_groups(pf, lo, hi)
                 if exact:
-                    t = _read_groups(pf, idx, columns, shared.get(path), decode_threads)
+                    t = _read_groups(pf, idx, columns, sources.get(path), decode_threads)
                     counters["rows_decoded"] += t.num_rows
                     parts.append((t, 0, t.num_rows))
                 else:
