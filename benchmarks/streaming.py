@@ -16,6 +16,11 @@ Cases (same pipeline, same split, same consumer):
 - ``slicefeed_noexchange`` (only with ``--cases``; diagnostic): the key-value
   exchange replaced by each host's own report (valid only because this corpus
   gives every host the same full batches): what the exchange costs.
+- ``floor`` (only with ``--cases``; diagnostic): no loader in the timed loop.
+  Each host first reads its whole share (Ray's ``iter_batches``) and puts every
+  batch on its devices, then the clock starts and the same consumer loop (wait,
+  checksum, cross-host step) runs over those arrays: the most rows/s, and the
+  least trainer CPU per row, any loader could reach in this loop.
 
 Modes: ``producer`` (the live pipeline: the Ray producer is the bottleneck) and
 ``consumer`` (the same pipeline's output ``materialize()``-d first, then split).
@@ -51,11 +56,13 @@ ROW_BYTES = SEQ_LEN * 4 * len(COLUMNS)
 # decreasing packs every file's documents into full rows: the row count and the
 # token checksum are known from the generated text alone.
 DOC_TOKENS = (256, 512, 1024, 2048)
-CASES = ("slicefeed", "ray", "slicefeed_prev", "slicefeed_prefetch0", "slicefeed_noexchange")
+CASES = ("slicefeed", "ray", "slicefeed_prev", "slicefeed_prefetch0", "slicefeed_noexchange",
+         "floor")
 DEFAULT_CASES = CASES[:3]
 PAIRS = ("slicefeed/ray", "slicefeed/slicefeed_prev", "slicefeed_prev/ray",
          "slicefeed_prefetch0/ray", "slicefeed_prefetch0/slicefeed",
-         "slicefeed_noexchange/ray", "slicefeed_noexchange/slicefeed")
+         "slicefeed_noexchange/ray", "slicefeed_noexchange/slicefeed", "floor/ray",
+         "slicefeed/floor")
 MODES = ("producer", "consumer")
 # Packing is per block, so the exact row count above holds only while each file is
 # one block of Ray's JSON reader: 512 rows (about 1 MB of text) per file is; 2,048
@@ -199,8 +206,21 @@ def host_run(cfg: dict, it) -> dict:
     times, stalls, rows, cpus = [], [], [], []
     tok_sum = tok_count = 0
     errors: list[str] = []
+    loader = None
+    if cfg["case"] == "floor":
+        # Every batch on the devices before the clock starts (not timed).
+        sharding = NamedSharding(mesh, PartitionSpec("data"))
+        ready = [{c: jax.make_array_from_process_local_data(sharding, _dense(t.column(c)),
+                                                            (B,) + (SEQ_LEN,))
+                  for c in t.column_names}
+                 for t in it.iter_batches(batch_size=lb, batch_format="pyarrow",
+                                          drop_last=True)]
+        jax.block_until_ready(ready)
     cpu0, t0 = cpu(), time.perf_counter()
-    if cfg["case"].startswith("slicefeed"):
+    if cfg["case"] == "floor":
+        batches = iter(ready)
+        del ready
+    elif cfg["case"].startswith("slicefeed"):
         from slicefeed.pipelines import JaxLoader
 
         if cfg["case"] == "slicefeed_prev":
@@ -226,7 +246,6 @@ def host_run(cfg: dict, it) -> dict:
             def __call__(self, table):
                 return {c: _dense(table.column(c)) for c in table.column_names}
 
-        loader = None
         batches = iter(it.iter_jax_batches(batch_size=lb, collate_fn=DenseCollate(),
                                            drop_last=True))
     barrier_s = 0.0
