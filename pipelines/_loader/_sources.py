@@ -414,7 +414,7 @@ def _read_groups(pf: Any, idx: list[int], columns: list[str],
 
 
 def read_run(batch: dict, *, fs, base_dir: str, columns: list[str],
-             report: Any = None, decode_threads: int = 0) -> Iterator[pa.Table]:
+             report: Any = None, concurrent_batch_rows: int = 0) -> Iterator[pa.Table]:
     """Reads one run of windows (see :func:`_plan.read_runs`), one table per
     window; also the Ray Data ``map_batches`` function of ``reader="ray"``.
     A window is ``{"pieces", "rng", "skip", "key"}`` and optionally ``"stop"``:
@@ -425,7 +425,7 @@ def read_run(batch: dict, *, fs, base_dir: str, columns: list[str],
     streamed (:class:`_Stream`), so a run decodes each row it reads once.
     Counters go to ``report`` when given, else into each table's schema
     metadata under :data:`READ_COUNTERS_KEY` (a Ray task has no other way back).
-    ``decode_threads``: the loader's local batch rows, to decode the
+    ``concurrent_batch_rows``: the loader's local batch rows, to decode the
     consecutive whole row groups of a window concurrently (:func:`_read_groups`;
     local files are then opened as Arrow ``OSFile`` s); 0 (off) in a Ray task,
     which holds one CPU.
@@ -447,10 +447,10 @@ def read_run(batch: dict, *, fs, base_dir: str, columns: list[str],
                 opened[path], twin = _shards.open_shard(
                     fs, f"{base_dir}/{path}", expect[path], _shards.run_spans(wins, path),
                     columns)
-                if decode_threads:
+                if concurrent_batch_rows:
                     sources[path] = twin
             if path not in opened:
-                native = _native_path(fs, f"{base_dir}/{path}") if decode_threads else None
+                native = _native_path(fs, f"{base_dir}/{path}") if concurrent_batch_rows else None
                 f = fs.open(f"{base_dir}/{path}", "rb") if native is None else pa.OSFile(native)
                 handles.append(f)
                 opened[path] = _open_shard(f, f"{base_dir}/{path}", expect.get(path))
@@ -473,7 +473,8 @@ def read_run(batch: dict, *, fs, base_dir: str, columns: list[str],
                 pf = shard(path)
                 idx, _, exact = _overlapping_groups(pf, lo, hi)
                 if exact:
-                    t = _read_groups(pf, idx, columns, sources.get(path), decode_threads)
+                    t = _read_groups(pf, idx, columns, sources.get(path),
+                                     concurrent_batch_rows)
                     counters["rows_decoded"] += t.num_rows
                     parts.append((t, 0, t.num_rows))
                 else:
@@ -763,7 +764,7 @@ class ManifestSource:
             "columns": list(ctx.columns),
         }
         if ctx.reader == "local":
-            local = {**fn_kwargs, "report": ctx.on_read, "decode_threads": ctx.batch_rows}
+            local = {**fn_kwargs, "report": ctx.on_read, "concurrent_batch_rows": ctx.batch_rows}
             return _batches_of(iter(_LocalRuns(items, local, ctx.read_ahead, ctx.stop)),
                                ctx.batch_rows)
         import ray.data
