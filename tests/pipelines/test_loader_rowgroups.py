@@ -246,9 +246,9 @@ def test_windows_of_several_row_groups_decode_concurrently_in_file_order(
     calls = []
     read_groups = _sources._read_groups
 
-    def spy(pf, idx, columns, shared, batch_rows):
-        calls.append((len(idx), shared is not None))
-        return read_groups(pf, idx, columns, shared, batch_rows)
+    def spy(pf, idx, columns, source, batch_rows):
+        calls.append((len(idx), source is not None))
+        return read_groups(pf, idx, columns, source, batch_rows)
 
     monkeypatch.setattr(_sources, "_read_groups", spy)
     fds = len(os.listdir("/proc/self/fd"))
