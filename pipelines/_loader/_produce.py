@@ -11,6 +11,7 @@ import copy
 import dataclasses
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -109,6 +110,9 @@ class Producer:
         self.next_tag = ""
         # (epoch, plan) of a committed dataset's epoch resumed on another host layout.
         self.resumed: tuple[int, ElasticEpoch] | None = None
+        # An epoch of known steps whose reads started before the previous one's
+        # end (see _read_next): (epoch, tables, [runs started]).
+        self._next_tables: tuple[int, Any, list[int]] | None = None
 
     def restarted(
         self, stop: threading.Event, resumed: tuple[int, ElasticEpoch] | None = None
@@ -123,6 +127,13 @@ class Producer:
         return out
 
     def items(self, epoch: int, start: int) -> Iterator[tuple]:
+        self._next_tables = None
+        try:
+            yield from self._epochs(epoch, start)
+        finally:
+            self._close_next()
+
+    def _epochs(self, epoch: int, start: int) -> Iterator[tuple]:
         while self.num_epochs is None or epoch < self.num_epochs:
             if self.ctx.stop.is_set():
                 return
@@ -132,7 +143,13 @@ class Producer:
                 ctx = dataclasses.replace(ctx, spans=plan.spans)
                 steps, share = plan.steps, plan.share
             if steps is not None:
-                tables = self.source.tables(epoch, start * self.lb, ctx)
+                ahead, self._next_tables = self._next_tables, None
+                if ahead is not None and ahead[0] == epoch and start == 0:
+                    tables = ahead[1]
+                else:
+                    if ahead is not None:
+                        ahead[1].close()
+                    tables = self.source.tables(epoch, start * self.lb, self._reading(ctx, epoch))
             else:
                 self.next_tag = f"e{epoch}/s{start}"
                 try:
@@ -154,6 +171,35 @@ class Producer:
                 if close is not None:
                     close()
             epoch, start = epoch + 1, 0
+
+    def _reading(self, ctx: ReadContext, epoch: int) -> ReadContext:
+        """``ctx`` for reading an epoch of known steps: as its readers run out of
+        runs, the next epoch's runs take their places one by one, so a new epoch
+        begins without waiting for its first window."""
+        nxt = epoch + 1
+        if ((self.num_epochs is not None and nxt >= self.num_epochs)
+                or (self.resumed is not None and self.resumed[0] == nxt)):
+            return ctx
+        return dataclasses.replace(ctx, on_spare_reader=lambda: self._read_next(nxt))
+
+    def _read_next(self, epoch: int) -> None:
+        """One more run of ``epoch`` may be read (see ``ReadContext.on_spare_reader``)."""
+        if self.ctx.stop.is_set():
+            return
+        if self._next_tables is None:
+            tables = self.source.tables(epoch, 0, self._reading(self.ctx, epoch))
+            self._next_tables = (epoch, tables, [0])
+        _, tables, started = self._next_tables
+        start = getattr(tables, "start", None)
+        if start is not None:
+            started[0] += 1
+            start(started[0])
+
+    def _close_next(self) -> None:
+        ahead, self._next_tables = self._next_tables, None
+        close = None if ahead is None else getattr(ahead[1], "close", None)
+        if close is not None:
+            close()
 
     def _publish(self, error: BaseException) -> None:
         """Tells the other hosts this one failed before its next exchange (see

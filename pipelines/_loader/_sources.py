@@ -49,6 +49,11 @@ class ReadContext:
     # Receives read counters (rows_decoded, rows_decoded_peak, host_copies,
     # host_copy_bytes) as a dict; may be called from reader threads.
     on_read: Callable[[dict], None] | None = None
+    # Called, in the thread iterating the tables, each time one of the epoch's
+    # ``read_ahead`` readers is free with nothing of the epoch left to read
+    # (``reader="local"``): a run of the next epoch may take its place, so the
+    # runs in flight stay within the read-ahead bound (see :class:`_LocalRuns`).
+    on_spare_reader: Callable[[], None] | None = None
 
 
 class Source(Protocol):
@@ -505,7 +510,9 @@ class _LocalRuns:
     and a run stops pending as soon as its last window is handed over (as a
     window read ahead used to). pyarrow decodes without the GIL, so the
     threads overlap decoding with conversion and transfer. Memory: about
-    ``2 * read_ahead + 1`` windows of decoded rows at most.
+    ``2 * read_ahead + 1`` windows of decoded rows at most, also while the
+    next epoch's runs take the places of this one's finished readers
+    (``on_spare_reader``, which ``start(runs)`` serves: one run per free reader).
 
     On object storage the bytes of the next runs are fetched further ahead
     (:class:`._shards.FetchAhead`), so a store's first-byte delay overlaps
@@ -514,13 +521,56 @@ class _LocalRuns:
     bytes, held until their run reads them).
     """
 
-    def __init__(self, items: list[dict], fn_kwargs: dict, read_ahead: int, stop):
+    def __init__(self, items: list[dict], fn_kwargs: dict, read_ahead: int, stop,
+                 on_spare_reader: Callable[[], None] | None = None):
         self.items = items
         self.fn_kwargs = fn_kwargs
         self.stop = stop
+        self.on_spare_reader = on_spare_reader
         self.read_ahead = max(1, int(read_ahead))
         #: Runs fetched beyond those being read (object storage only).
         self.fetch_depth = FETCH_AHEAD
+        self._closed = threading.Event()
+        self._pool = None
+        self._ahead = None
+        self._fetch_to = None
+        self._pending: list[list] = []  # [queue, windows still to hand over], in order
+        self._next = 0  # the next run to submit
+
+    def start(self, runs: int | None = None) -> None:
+        """Starts reading before the first window is asked for: ``runs`` runs
+        at first (default and at most ``read_ahead``); the first iteration
+        starts the rest."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        if self._closed.is_set():
+            return
+        if self._pool is None:
+            self._ahead, self._fetch_to = self._fetcher()
+            self._pool = ThreadPoolExecutor(self.read_ahead, thread_name_prefix="slicefeed-read")
+        n = self.read_ahead if runs is None else min(runs, self.read_ahead)
+        # Bytes fetched ahead: of the runs started and fetch_depth more (an early
+        # start takes a previous epoch's reader: together within the same bound).
+        self._fetch_to(n + self.fetch_depth)
+        while self._next < min(n, len(self.items)):
+            self._submit()
+
+    def _submit(self) -> None:
+        import queue
+
+        q: queue.Queue = queue.Queue(maxsize=1)
+        self._pool.submit(self._run, self.items[self._next], q, self._closed)
+        self._pending.append([q, self.items[self._next]["n"]])
+        self._next += 1
+
+    def close(self) -> None:
+        """Stops the readers and frees what they hold; idempotent."""
+        self._closed.set()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._ahead is not None:
+            self._ahead.close()
+            self._ahead = None
 
     def _fetcher(self):
         """Fetches the bytes of runs ``[fetched, n)`` ahead, on object storage."""
@@ -567,25 +617,10 @@ class _LocalRuns:
 
     def __iter__(self) -> Iterator[pa.Table]:
         import queue
-        from concurrent.futures import ThreadPoolExecutor
 
-        closed = threading.Event()
-        ahead, fetch_to = self._fetcher()
-        pool = ThreadPoolExecutor(self.read_ahead, thread_name_prefix="slicefeed-read")
         try:
-            fetch_to(self.read_ahead + self.fetch_depth)
-            pending: list[list] = []  # [queue, windows still to hand over]
-            nxt = 0
-
-            def submit() -> None:
-                nonlocal nxt
-                q: queue.Queue = queue.Queue(maxsize=1)
-                pool.submit(self._run, self.items[nxt], q, closed)
-                pending.append([q, self.items[nxt]["n"]])
-                nxt += 1
-
-            while nxt < min(self.read_ahead, len(self.items)):
-                submit()
+            self.start()
+            pending = self._pending
             while pending:
                 head = pending[0]
                 x = None
@@ -593,24 +628,45 @@ class _LocalRuns:
                     try:
                         x = head[0].get(timeout=0.1)
                     except queue.Empty:
-                        if self.stop.is_set():
+                        if self.stop.is_set() or self._closed.is_set():
                             return
-                        if ahead is not None:  # the consumer waits: fetch further ahead
+                        if self._ahead is not None:  # the consumer waits: fetch further ahead
                             self.fetch_depth = min(self.fetch_depth + 1, FETCH_AHEAD_MAX)
                 if isinstance(x, BaseException):
                     raise x
                 head[1] -= 1
                 if head[1] == 0:
                     pending.pop(0)
-                    if nxt < len(self.items) and not self.stop.is_set():
-                        submit()
-                        fetch_to(nxt + self.fetch_depth)
+                    if self._next < len(self.items) and not self.stop.is_set():
+                        self._submit()
+                        self._fetch_to(self._next + self.fetch_depth)
+                    elif self.on_spare_reader is not None:
+                        self.on_spare_reader()  # a reader of this epoch has nothing left
                 yield x
         finally:
-            closed.set()
-            pool.shutdown(wait=False, cancel_futures=True)
-            if ahead is not None:
-                ahead.close()
+            self.close()
+
+
+class _EpochTables:
+    """An epoch's tables of ``batch_rows`` rows read by :class:`_LocalRuns`;
+    ``start(runs)`` begins reading before the first table is asked for."""
+
+    def __init__(self, runs: _LocalRuns, batch_rows: int):
+        self._runs = runs
+        self._tables = _batches_of(iter(runs), batch_rows)
+
+    def start(self, runs: int | None = None) -> None:
+        self._runs.start(runs)
+
+    def __iter__(self) -> Iterator[pa.Table]:
+        return self
+
+    def __next__(self) -> pa.Table:
+        return next(self._tables)
+
+    def close(self) -> None:
+        self._tables.close()
+        self._runs.close()  # also when never iterated
 
 
 #: Runs whose bytes are fetched beyond those being read, on object storage (see
@@ -765,8 +821,8 @@ class ManifestSource:
         }
         if ctx.reader == "local":
             local = {**fn_kwargs, "report": ctx.on_read, "concurrent_batch_rows": ctx.batch_rows}
-            return _batches_of(iter(_LocalRuns(items, local, ctx.read_ahead, ctx.stop)),
-                               ctx.batch_rows)
+            runs = _LocalRuns(items, local, ctx.read_ahead, ctx.stop, ctx.on_spare_reader)
+            return _EpochTables(runs, ctx.batch_rows)
         import ray.data
 
         ds = ray.data.from_items(items, override_num_blocks=len(items))

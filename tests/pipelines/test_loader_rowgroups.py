@@ -270,3 +270,84 @@ def test_windows_of_several_row_groups_decode_concurrently_in_file_order(
     if not shuffle:
         np.testing.assert_array_equal(ids, np.arange(len(ids)))
     assert len(set(ids.tolist())) == len(ids)
+
+
+def _wait_for(pred, timeout_s: float = 10.0) -> bool:
+    import time
+
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.01)
+    return pred()
+
+
+@pytest.mark.parametrize("shuffle", [False, True], ids=["ordered", "shuffled"])
+def test_next_epoch_is_read_while_the_last_windows_are_delivered(
+    ray_cluster, jax_cpu, tmp_path, monkeypatch, shuffle
+):
+    """With reader="local", as the readers of an epoch run out of windows the next
+    epoch's runs take their places (at most read_ahead in flight), so a new epoch
+    does not begin with every reader idle: its first windows are decoded while
+    the last batches of the previous epoch are delivered (prefetch=0: nothing
+    else reads ahead). The last epoch starts no further reads, and the rows, their
+    order and values are reader="ray"'s, which reads each epoch when it begins."""
+    from slicefeed.connectors import read_manifest
+    from slicefeed.pipelines import JaxLoader
+    from slicefeed.pipelines._loader import _jaxloader
+    from tests.pipelines._data import write_committed
+
+    uri = str(tmp_path / "ds")
+    n = write_committed(uri, [256, 256], row_group_size=64)
+    m = read_manifest(uri)
+    row_bytes = sum(f.num_bytes for f in m.files) / n
+    monkeypatch.setattr(_jaxloader, "WINDOW_TARGET_BYTES", int(64 * row_bytes) - 1)
+    kw = {"global_batch_size": 32, "shuffle": shuffle, "seed": 3, "shuffle_buffer_rows": 64,
+          "prefetch": 0, "local_read_ahead": 2}
+    loader = JaxLoader(uri, num_epochs=2, **kw)
+    assert loader.window_rows == 64
+    steps = n // 32
+    it = iter(loader)
+    got = [{k: np.asarray(v) for k, v in next(it).items()} for _ in range(steps)]
+    # Epoch 0 is delivered; epoch 1's first runs (a window each) are being read.
+    assert _wait_for(lambda: loader.stats()["rows_decoded"] >= n + 2 * 64), loader.stats()
+    assert loader.stats()["rows_decoded"] == n + 2 * 64  # read_ahead runs, no more
+    got += [{k: np.asarray(v) for k, v in b.items()} for b in it]
+    st = loader.stats()
+    assert st["rows_decoded"] == 2 * n, st  # no third epoch read ahead
+    want = [{k: np.asarray(v) for k, v in b.items()}
+            for b in JaxLoader(uri, num_epochs=2, reader="ray", **kw)]
+    assert len(got) == len(want) == 2 * steps
+    for a, b in zip(got, want):
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k])
+
+
+def test_close_while_the_next_epoch_is_read_ahead_leaves_no_reader(
+    jax_cpu, tmp_path, monkeypatch
+):
+    """Closing the loader at an epoch's end, while the next epoch's runs are being
+    read ahead and before any of its batches was asked for, stops those readers
+    and closes their files."""
+    import threading
+
+    from slicefeed.pipelines import JaxLoader
+    from tests.pipelines._data import write_committed
+
+    uri = str(tmp_path / "ds")
+    n = write_committed(uri, [256, 256], row_group_size=64)
+    fds = len(os.listdir("/proc/self/fd"))
+    loader = JaxLoader(uri, global_batch_size=32, num_epochs=None, prefetch=0)
+    it = iter(loader)
+    for _ in range(n // 32):
+        next(it)
+    assert _wait_for(lambda: loader.stats()["rows_decoded"] > n), loader.stats()
+    loader.close()
+
+    def readers() -> list[str]:  # the process's shared decoding threads stay
+        return [t.name for t in threading.enumerate()
+                if t.name.startswith(("slicefeed-read", "slicefeed-jaxloader"))]
+
+    assert _wait_for(lambda: not readers()), readers()
+    assert _wait_for(lambda: len(os.listdir("/proc/self/fd")) <= fds)
