@@ -20,6 +20,7 @@ import bisect
 import collections
 import io
 import threading
+from concurrent.futures import CancelledError
 from typing import Any
 
 import pyarrow as pa
@@ -295,8 +296,13 @@ def open_shard(fs: Any, path: str, expect: list[int], spans: tuple[tuple[int, in
     with _lock:
         ahead = _ahead.pop(_ahead_key(fs, path, spans, columns), None)
     if ahead is not None:
-        parts, data = ahead.result()
-    else:
+        try:
+            parts, data = ahead.result()
+        except CancelledError:
+            # Its FetchAhead closed (an epoch ended) after this reader, of another
+            # epoch reading the same rows, took it: read the bytes here.
+            ahead = None
+    if ahead is None:
         parts = _parts(chunk_ranges(md, groups_for(md, spans), columns))
         data = _fetch(fs, path, parts)
     held: dict[int, bytes] = {}

@@ -142,3 +142,24 @@ def test_gs_windows_of_several_row_groups_decode_concurrently_as_local_ones(
     assert local == batches(f"gs://{bucket}/rowgroups")
     assert [b[:16] for b in local[:len(local) // 2]] == [
         list(range(i, i + 16)) for i in range(0, 208, 16)]
+
+
+def test_fetch_cancelled_by_its_closing_reader_is_read_by_the_one_that_took_it(local_dir):
+    """Two epochs' readers share the fetched-ahead bytes: one taken by the next
+    epoch while the previous epoch's fetcher closes (cancelling what had not
+    started) is read by the reader that took it, not raised as cancelled."""
+    from concurrent.futures import Future
+
+    from slicefeed.connectors import resolve_filesystem
+    from slicefeed.pipelines._loader import _shards
+
+    uri = f"{local_dir}/cancelled"
+    write_committed(uri, [30])
+    shard = resolve_filesystem(f"{uri}/part-00000.parquet")
+    size = shard.fs.size(shard.path)
+    spans = ((0, 30),)
+    cancelled: Future = Future()
+    cancelled.cancel()
+    _shards._ahead[_shards._ahead_key(shard.fs, shard.path, spans, None)] = cancelled
+    pf, _ = _shards.open_shard(shard.fs, shard.path, [30, size], spans, None)
+    assert pf.read().column("id").to_pylist() == list(range(30))
