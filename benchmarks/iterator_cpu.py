@@ -10,7 +10,7 @@ blocks of ``--block-rows`` rows is read through ``ds.streaming_split(1)[0]`` (th
 
 Cases (the same iterator, the same batch size):
 
-- ``ray_blocks``: ``iter_batches(batch_size=None)``, rows not touched: Ray's block
+- ``ray_blocks``: ``iter_batches(batch_size=None)``, rows not converted: Ray's block
   delivery alone (object fetches, its prefetch threads, the split's coordinator calls).
 - ``blocks_sliced``: ``ray_blocks`` cut into batches of ``B`` rows here (zero-copy
   slices; a batch spanning two blocks is chunked): re-batching without Ray's batcher.
