@@ -133,6 +133,9 @@ class ColumnSpec:
     pad_length: int | None = None
     pad_value: Any = 0
     view_dtype: np.dtype | None = None
+    #: The Arrow type the conversion was planned for; every batch's column is
+    #: checked against it (:func:`convert_table`).
+    source_type: pa.DataType | None = None
 
 
 def _x64_error(c: str, what: str) -> SpecError:
@@ -320,6 +323,7 @@ def plan_columns(
             )
             continue
         specs.append(ColumnSpec(c, "scalar", (), arrow_dtype, out_dtype, None, pad_value, view))
+    specs = [dataclasses.replace(s, source_type=schema.field(s.name).type) for s in specs]
     for c in pad_lengths:
         if c in selected and not any(s.name == c and s.kind == "varlen" for s in specs):
             raise SpecError(
@@ -511,7 +515,59 @@ def convert_table(
 ) -> dict[str, np.ndarray]:
     """Converts the selected columns of ``table`` (see :func:`plan_columns`)."""
     counter = counter if counter is not None else [0]
+    schema = table.schema
+    for s in specs:
+        _check_type(s, schema, locate)
     return {s.name: convert_column(s, table.column(s.name), counter, locate) for s in specs}
+
+
+#: Verdicts of :func:`_same_layout` by (spec, Arrow type of a batch's column).
+_LAYOUTS: dict[tuple, bool] = {}
+
+
+def _check_type(spec: ColumnSpec, schema: pa.Schema, locate: Locator) -> None:
+    """A batch's column has the type the conversion was planned for, or one that
+    converts to the same array layout (a tensor extension and its
+    ``fixed_size_list`` storage, ``list`` and ``large_list``); otherwise
+    SpecError. Ray Data's blocks of one dataset need not share a schema, and a
+    conversion planned for another type would change values (a float block cast
+    to a planned integer type, float64 to float32)."""
+    i = schema.get_field_index(spec.name)
+    if i < 0:
+        raise MissingColumnError(
+            f"JaxLoader: column {spec.name!r} is missing from the batch at {locate(0)} "
+            f"(it is in the schema the loader planned from): the source's blocks differ "
+            f"in columns. Give every block the same columns in the pipeline (select / "
+            f"fill_null), or leave the column out with exclude=[{spec.name!r}].")
+    t = schema.field(i).type
+    if spec.source_type is None or t == spec.source_type:
+        return
+    key = (spec.name, spec.source_type, t, spec.kind, spec.row_shape, spec.arrow_dtype,
+           spec.out_dtype, spec.pad_length)
+    same = _LAYOUTS.get(key)
+    if same is None:
+        same = _LAYOUTS[key] = _same_layout(spec, schema.field(i))
+    if not same:
+        raise SpecError(
+            f"JaxLoader: column {spec.name!r} is {t} in the batch at {locate(0)}, but "
+            f"{spec.source_type} in the schema the loader planned from: the source's "
+            f"blocks differ in type, and converting one to the other could change values. "
+            f"Cast the column to one type in the pipeline (e.g. a cast transform).")
+
+
+def _same_layout(spec: ColumnSpec, field: pa.Field) -> bool:
+    """Whether ``field`` converts to the array ``spec`` describes (same row shape and
+    value dtype; a tensor and a fixed-size list of that shape are alike)."""
+    dense = {"tensor": "fixed", "fixed": "fixed"}
+    try:
+        (other,) = plan_columns(
+            pa.schema([field]), dtypes={field.name: spec.out_dtype},
+            pad_lengths={field.name: spec.pad_length} if spec.kind == "varlen" else None,
+            x64=True)
+    except SpecError:
+        return False
+    return ((dense.get(other.kind, other.kind), other.row_shape, other.arrow_dtype)
+            == (dense.get(spec.kind, spec.kind), spec.row_shape, spec.arrow_dtype))
 
 
 def empty_batch(specs: list[ColumnSpec], rows: int) -> dict[str, np.ndarray]:

@@ -8,6 +8,7 @@ import gc
 import hashlib
 import io
 import os
+import re
 import threading
 import time
 import weakref
@@ -348,6 +349,47 @@ def test_pandas_blocks_are_a_source(env):
         two = np.concatenate([np.asarray(b["two"]) for b in got])
         assert sorted(one.tolist()) == list(range(16)), name
         np.testing.assert_array_equal(np.sort(two), np.arange(16) + 0.5)
+
+
+@pytest.mark.parametrize("kind", ["iterator", "dataset"])
+def test_blocks_of_another_type_are_refused_not_cast(env, kind):
+    """Ray's blocks of one dataset need not share a schema: a block whose column
+    has another type than the one the conversion was planned for is an error
+    naming the column and both types, never a cast (1.7 -> 1, float64 -> float32);
+    a tensor block and a fixed_size_list block of one shape are alike."""
+    import ray
+
+    from slicefeed.pipelines import JaxLoader
+
+    def source(blocks):
+        ds = ray.data.from_arrow(blocks)
+        if kind == "iterator":
+            return ds.streaming_split(1)[0]
+        # Ray's schema after a map is its first block's (from_arrow's unifies them).
+        return ds.map_batches(lambda t: t, batch_format="pyarrow", batch_size=None)
+
+    def fsl(size):
+        return pa.FixedSizeListArray.from_arrays(pa.array(np.arange(8 * size, dtype=np.int32)),
+                                                 size)
+
+    cases = [
+        [pa.table({"x": pa.array(np.arange(8, dtype=np.int32))}),
+         pa.table({"x": pa.array(np.arange(8, dtype=np.float32) + 0.5)})],
+        [pa.table({"x": fsl(2)}), pa.table({"x": fsl(3)})],
+    ]
+    for blocks in cases:
+        types = "|".join(re.escape(str(b.schema.field("x").type)) for b in blocks)
+        with pytest.raises(SpecError, match=rf"column 'x' is ({types}) in the batch at row "
+                                            rf"\d+ .*, but ({types}) in the schema the loader "
+                                            r"planned from: the source's blocks differ in type"):
+            list(JaxLoader(source(blocks), global_batch_size=8))
+    values = np.arange(64, dtype=np.float32).reshape(16, 2, 2)
+    nested = pa.FixedSizeListArray.from_arrays(
+        pa.FixedSizeListArray.from_arrays(pa.array(values[8:].ravel()), 2), 2)
+    blocks = [pa.table({"x": pa.FixedShapeTensorArray.from_numpy_ndarray(values[:8])}),
+              pa.table({"x": nested})]
+    got = np.concatenate([np.asarray(b["x"]) for b in JaxLoader(source(blocks), global_batch_size=8)])
+    np.testing.assert_array_equal(got, values)
 
 
 # --------------------------------------------------------------------------- Ray's own cases
