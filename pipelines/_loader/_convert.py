@@ -70,6 +70,20 @@ def resolve_dtype(dtype: Any) -> np.dtype:
         return np.dtype(getattr(dtype, "dtype", dtype))
 
 
+def _output_dtype(c: str, dtype: Any) -> np.dtype:
+    """``dtypes[c]`` as a NumPy dtype a JAX array can hold and a range check can
+    guard: bool, (u)int8-64, float16/32/64 or bfloat16; else SpecError."""
+    try:
+        dt = resolve_dtype(dtype)
+    except (TypeError, ValueError):
+        dt = None
+    if dt is None or not (dt == _bfloat16() or (dt.kind in "biuf" and dt.itemsize <= 8)):
+        raise SpecError(
+            f"JaxLoader: dtypes[{c!r}] = {str(dtype)[:40]!r} is not an output dtype the "
+            f"loader delivers; use bool, int8-int64, uint8-uint64, float16/32/64 or bfloat16.")
+    return dt
+
+
 def _bfloat16() -> np.dtype:
     import ml_dtypes
 
@@ -259,7 +273,7 @@ def plan_columns(
             view = _bfloat16()
         native = view if view is not None else arrow_dtype
         if c in dtypes:
-            out_dtype = resolve_dtype(dtypes[c])
+            out_dtype = _output_dtype(c, dtypes[c])
             if not x64 and _is_wide(out_dtype):
                 raise _x64_error(c, f"is cast to {out_dtype} by dtypes=")
         else:
@@ -395,8 +409,10 @@ def _out_of_range(a: np.ndarray, to: np.dtype) -> np.ndarray | None:
     """Flat indices of ``a`` whose cast to ``to`` is not allowed (see the module
     docstring), or None when the cast cannot go out of range. ``a`` is flat."""
     src = a.dtype
-    if src == np.bool_ or to == np.bool_ or np.can_cast(src, to, "safe"):
+    if src == np.bool_ or np.can_cast(src, to, "safe"):
         return None
+    if to == np.bool_:  # only 0 and 1 are booleans (NaN is neither)
+        return ~((a == 0) | (a == 1))
     if to.kind in "iu":
         info = np.iinfo(to)
         if src.kind in "iu":
@@ -410,9 +426,11 @@ def _out_of_range(a: np.ndarray, to: np.dtype) -> np.ndarray | None:
             if _bound_in(info.max, src) and int(a.max(initial=0)) > info.max:
                 bad |= a > np.asarray(info.max, dtype=src)
             return bad
-        # float -> int: finite and inside [min, max] after truncation toward zero
+        # float -> int: finite and inside [min, max] after truncation toward zero.
+        # The upper bound is max + 1, a power of two a float holds exactly
+        # (float(2**63 - 1) is 2**63, which would pass "t > max" and wrap).
         t = np.trunc(a.astype(np.float64))
-        return ~np.isfinite(t) | (t < info.min) | (t > info.max)
+        return ~np.isfinite(t) | (t < info.min) | (t >= float(int(info.max) + 1))
     if _is_float(to) and (src.kind in "iu" or _is_float(src)):
         limit = _float_max(to)
         x = a.astype(np.float64)

@@ -98,6 +98,38 @@ def test_dtypes_cast_is_range_checked_with_file_and_row(env, local_dir):
         next(JaxLoader(uri, global_batch_size=8, dtypes={"v": "float32"}))
 
 
+def test_casts_to_bool_and_64_bit_integers_are_range_checked(env, local_dir):
+    """Only 0 and 1 become booleans; a float of 2**63 does not fit int64 although
+    float(2**63 - 1) == 2**63; a dtype the loader cannot deliver is refused up front."""
+    import jax
+
+    from slicefeed.pipelines import JaxLoader
+
+    def first(name, values, dtype, **kw):
+        uri = _commit(os.path.join(local_dir, name), [pa.table({"v": values})])
+        return np.asarray(next(JaxLoader(uri, global_batch_size=8, dtypes={"v": dtype},
+                                         prefetch=0, **kw))["v"])
+
+    ok = np.array([0, 1, 1, 0, 0, 1, 0, 1], dtype=np.int32)
+    assert first("bool-ok", ok, "bool").tolist() == ok.astype(bool).tolist()
+    for name, bad, value in [("bool-int", np.array([0, 1, 2, 0, 0, 1, 0, 1], np.int32), "2"),
+                             ("bool-nan", np.array([0, 1, np.nan, 0, 0, 1, 0, 1], np.float32),
+                              "nan")]:
+        with pytest.raises(SpecError, match=rf"column 'v', file 'part-00000.parquet' row 2: "
+                           rf"value {value} does not fit dtypes\['v'\] = bool"):
+            first(name, bad, "bool")
+    with jax.enable_x64(True):  # this thread only: prefetch=0 converts here
+        below = np.array([1, 2.0**63 - 1024, -2.0**63, 0, 0, 0, 0, 0])
+        assert first("i64-ok", below, "int64").tolist() == below.astype(np.int64).tolist()
+        for name, big, dtype in [("i64", 2.0**63, "int64"), ("u64", 2.0**64, "uint64")]:
+            with pytest.raises(SpecError, match=rf"column 'v', file 'part-00000.parquet' row 1: "
+                               rf"value .* does not fit dtypes\['v'\] = {dtype}"):
+                first(name, np.array([1, big, 2, 3, 4, 5, 6, 7]), dtype)
+    for dtype in ["complex64", "longdouble", "U3", "datetime64[s]"]:
+        with pytest.raises(SpecError, match=r"dtypes\['v'\] = .* is not an output dtype"):
+            first("bool-ok", ok, dtype)
+
+
 def test_range_error_names_row_with_shuffle(env, local_dir):
     """Shuffled windows: the error still names the file row that holds the value."""
     from slicefeed.pipelines import JaxLoader
