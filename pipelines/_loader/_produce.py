@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from slicefeed.connectors import SpecError
 from slicefeed.pipelines._loader._agree import Agreement
 from slicefeed.pipelines._loader._convert import ColumnSpec, convert_table, empty_batch, pad_batch
 from slicefeed.pipelines._loader._placement import Placement
@@ -201,6 +202,21 @@ class Producer:
         if close is not None:
             close()
 
+    def _empty_epoch(self, epoch: int, reports: list[tuple[int, ...]]) -> SpecError:
+        """The error for an epoch of no steps (a source of unknown row count): the
+        same as a source of known counts gets at construction; without it an
+        endless loader would run empty epochs forever."""
+        hosts = len(reports)
+        if self.remainder == "drop" and any(h for h, _, _ in reports):
+            return SpecError(
+                f"JaxLoader: epoch {epoch}: with remainder='drop' no full batch fits: a "
+                f"host's share has fewer rows than the local batch ({self.lb}); use a "
+                f"smaller global_batch_size or remainder='pad'.")
+        return SpecError(
+            f"JaxLoader: epoch {epoch} of the source has no rows (0 rows on all {hosts} "
+            f"host(s)), so there is nothing to load with remainder={self.remainder!r}; "
+            "check the dataset (an empty split, or filters that removed every row).")
+
     def _publish(self, error: BaseException) -> None:
         """Tells the other hosts this one failed before its next exchange (see
         ``_agreed_epoch``); a no-op for a tag already decided (an exchange's own
@@ -347,6 +363,8 @@ class Producer:
                     for t in it:  # drain to count what this host drops (not converted)
                         left += t.num_rows
                     self.stats.add(dropped_rows=left)
+                if step == 0:  # every host agreed on it: all raise, none waits
+                    raise self._empty_epoch(epoch, reports)
                 return
             if grow:
                 self.group = min(2 * self.group, self.group_max)

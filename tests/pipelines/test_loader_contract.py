@@ -359,6 +359,41 @@ def test_empty_source_error_says_empty(env, remainder):
     assert "no full batch" not in str(e.value)
 
 
+@pytest.mark.parametrize("num_epochs", [1, None])
+def test_unknown_count_source_without_a_step_is_an_error_not_endless(env, num_epochs):
+    """A source whose row count is unknown (a DataIterator, a filtered Dataset)
+    and that gives no step raises what a source of known counts raises at
+    construction, instead of 0 batches (or, with num_epochs=None, empty epochs
+    forever)."""
+    import ray
+
+    from slicefeed.pipelines import JaxLoader
+
+    t = pa.table({"x": pa.array(np.arange(10, dtype=np.int32))})
+    cases = [
+        (lambda: ray.data.from_arrow(t.slice(0, 0)).streaming_split(1)[0], "pad", "no rows"),
+        (lambda: ray.data.from_arrow(t).filter(expr="x > 100"), "pad", "no rows"),
+        (lambda: ray.data.from_arrow(t.slice(0, 2)).streaming_split(1)[0], "drop",
+         "no full batch fits"),
+    ]
+    for source, remainder, says in cases:
+        out: dict = {}
+
+        def first(source=source, remainder=remainder, out=out):
+            try:
+                out["batch"] = next(JaxLoader(source(), global_batch_size=8,
+                                              remainder=remainder, num_epochs=num_epochs), None)
+            except Exception as e:  # noqa: BLE001 - the test inspects it
+                out["error"] = e
+
+        th = threading.Thread(target=first, daemon=True)
+        th.start()
+        th.join(120)
+        assert not th.is_alive(), "next() neither returned nor raised"
+        assert isinstance(out.get("error"), SpecError), out
+        assert says in str(out["error"]), out
+
+
 # --------------------------------------------------------------------------- block formats
 
 
