@@ -196,6 +196,10 @@ class JaxLoader:
             version=_state_dataset_version(state),
         )
         self._source = src
+        shares = src.share_sizes(self.process_count)
+        if shares is not None and sum(shares) == 0:
+            # Before the columns: a dataset committed empty may have no schema.
+            raise self._no_rows(opts.remainder)
         specs = plan_columns(
             src.schema(),
             columns=list(opts.columns) if opts.columns is not None else None,
@@ -220,7 +224,6 @@ class JaxLoader:
 
         # --- equal steps
         agreement = Agreement(self.process_index, self.process_count, opts.sync_timeout_s)
-        shares = src.share_sizes(self.process_count)
         if shares is None and src.local_rows() is not None:
             got = agreement.exchange("count", str(int(src.local_rows())))
             shares = [int(v) for v in got]
@@ -228,11 +231,7 @@ class JaxLoader:
             _plan.steps_for(shares, lb, opts.remainder) if shares else None
         )
         if shares is not None and sum(shares) == 0:
-            raise SpecError(
-                f"JaxLoader: the source has no rows (0 rows on all {self.process_count} "
-                f"host(s)), so there is nothing to load with remainder={opts.remainder!r}; "
-                "check the dataset (an empty directory, or filters that removed every row)."
-            )
+            raise self._no_rows(opts.remainder)
         if shares is not None and self.steps_per_epoch == 0:
             raise SpecError(
                 f"JaxLoader: with remainder='drop' no full batch fits: the smallest host "
@@ -304,6 +303,12 @@ class JaxLoader:
         self._producer = producer
         self._t0 = t0
         self._start_runtime()
+
+    def _no_rows(self, remainder: str) -> SpecError:
+        return SpecError(
+            f"JaxLoader: the source has no rows (0 rows on all {self.process_count} "
+            f"host(s)), so there is nothing to load with remainder={remainder!r}; "
+            "check the dataset (an empty directory, or filters that removed every row).")
 
     def _start_runtime(self) -> None:
         """A fresh producer runtime from the current position (nothing refers back

@@ -359,6 +359,21 @@ def test_empty_source_error_says_empty(env, remainder):
     assert "no full batch" not in str(e.value)
 
 
+def test_dataset_committed_empty_says_no_rows(env, local_dir):
+    """A dataset committed with no rows (its manifest has no schema) is "no
+    rows", not "no columns selected", whatever the columns asked for."""
+    import ray
+
+    from slicefeed.connectors import write_parquet
+    from slicefeed.pipelines import JaxLoader
+
+    uri = os.path.join(local_dir, "committed-empty")
+    write_parquet(ray.data.from_arrow(pa.table({"x": pa.array([], pa.int32())})), uri)
+    for kw in ({}, {"columns": ["x"]}):
+        with pytest.raises(SpecError, match="the source has no rows"):
+            JaxLoader(uri, global_batch_size=8, **kw)
+
+
 @pytest.mark.parametrize("num_epochs", [1, None])
 def test_unknown_count_source_without_a_step_is_an_error_not_endless(env, num_epochs):
     """A source whose row count is unknown (a DataIterator, a filtered Dataset)
