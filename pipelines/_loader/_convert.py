@@ -384,12 +384,27 @@ def _values_of(arr: pa.Array) -> pa.Array:
     return arr.values.slice(arr.offset * size, len(arr) * size)
 
 
-def _check_nulls(name: str, arr: pa.Array) -> None:
+def _check_nulls(name: str, arr: pa.Array, locate: Locator = _default_locator,
+                 row_of: Callable[[int], int] = int) -> None:
+    """SpecError naming the row of ``arr``'s first null (``row_of`` maps an element
+    of a nested level to its row): a JAX array has no nulls."""
     if arr.null_count:
+        import pyarrow.compute as pc
+
+        row = row_of(pc.index(arr.is_null(), True).as_py())
         raise SpecError(
-            f"JaxLoader: column {name!r} has {arr.null_count} null rows in this batch; "
-            f"fill them in the pipeline (e.g. a fill_null transform) before loading."
+            f"JaxLoader: column {name!r}, {locate(row)}: a null value ({arr.null_count} "
+            f"in this batch), which a JAX array cannot hold; fill them in the pipeline (e.g. "
+            f"a fill_null transform; pandas' NaN arrives in Arrow as a null) or exclude the "
+            f"column."
         )
+
+
+def _row_of(level: pa.Array, rows: int) -> Callable[[int], int]:
+    """Row of element ``i`` of a nested level holding the same number of elements
+    for each of the batch's ``rows`` rows."""
+    per = max(len(level) // max(rows, 1), 1)
+    return lambda i: i // per
 
 
 def _primitive_view(arr: pa.Array, counter: list[int]) -> np.ndarray:
@@ -472,7 +487,7 @@ def convert_column(
     n = len(arr)
     if isinstance(arr, pa.ExtensionArray):
         arr = arr.storage
-    _check_nulls(spec.name, arr)
+    _check_nulls(spec.name, arr, locate)
     if spec.kind == "scalar":
         out = _primitive_view(arr, counter)
     elif spec.kind == "fixed":
@@ -481,16 +496,17 @@ def convert_column(
             a = _values_of(a)
             if isinstance(a, pa.ExtensionArray):
                 a = a.storage
-            _check_nulls(spec.name, a)
+            _check_nulls(spec.name, a, locate, _row_of(a, n))
         out = _primitive_view(a, counter).reshape((n,) + spec.row_shape)
     elif spec.kind == "tensor":
         a = _values_of(arr)
         if isinstance(a, pa.ExtensionArray):
             a = a.storage
         while pa.types.is_fixed_size_list(a.type):
-            _check_nulls(spec.name, a)
+            _check_nulls(spec.name, a, locate, _row_of(a, n))
             a = _values_of(a)
-        _check_nulls(spec.name, a)  # a null element has no value (bool: not False)
+        # A null element has no value (bool: not False).
+        _check_nulls(spec.name, a, locate, _row_of(a, n))
         out = _primitive_view(a, counter).reshape((n,) + spec.row_shape)
     elif spec.kind == "varlen":
         L = spec.pad_length
@@ -501,7 +517,8 @@ def convert_column(
         offsets = offsets - lo
         if isinstance(values, pa.ExtensionArray):
             values = values.storage
-        _check_nulls(spec.name, values)
+        _check_nulls(spec.name, values, locate,
+                     lambda i: int(np.searchsorted(offsets, i, side="right")) - 1)
         vals = _primitive_view(values, counter)
         if spec.view_dtype is not None:
             vals = vals.view(spec.view_dtype)

@@ -98,6 +98,19 @@ def test_dtypes_cast_is_range_checked_with_file_and_row(env, local_dir):
         next(JaxLoader(uri, global_batch_size=8, dtypes={"v": "float32"}))
 
 
+def test_null_inside_a_row_names_the_file_and_row(env, local_dir):
+    """A null element inside a fixed-size row of a committed dataset is refused
+    naming the column, the file and the row that holds it."""
+    from slicefeed.pipelines import JaxLoader
+
+    values = pa.array([v if v != 13 else None for v in range(24)], pa.int32())
+    t = pa.table({"x": pa.FixedSizeListArray.from_arrays(values, 2)})  # 12 rows of 2
+    uri = _commit(os.path.join(local_dir, "null-inside"), [t.slice(0, 4), t.slice(4)])
+    with pytest.raises(SpecError, match=r"column 'x', file 'part-00001.parquet' row 2: a null "
+                       r"value \(1 in this batch\)"):
+        list(JaxLoader(uri, global_batch_size=8, remainder="pad"))
+
+
 def test_casts_to_bool_and_64_bit_integers_are_range_checked(env, local_dir):
     """Only 0 and 1 become booleans; a float of 2**63 does not fit int64 although
     float(2**63 - 1) == 2**63; a dtype the loader cannot deliver is refused up front."""
@@ -317,7 +330,7 @@ def test_error_reraised_on_every_later_next(env):
     ds = ray.data.from_arrow(pa.table({"toks": pa.array(vals, pa.list_(pa.int32()))}))
     for prefetch in (0, 2):
         loader = JaxLoader(ds, global_batch_size=8, pad_lengths={"toks": 2}, prefetch=prefetch)
-        with pytest.raises(SpecError, match="null rows") as first:
+        with pytest.raises(SpecError, match="a null value") as first:
             for _ in loader:
                 pass
         for _ in range(2):
