@@ -269,6 +269,17 @@ def write_units(
         # cleanup removes: such units are recomputed.
         reused = {i: r for i, r in reused.items()
                   if not (r.get("counts") or {}).get("rows_quarantined")}
+        if parent is not None:
+            # Overwriting recomputes what is committed: an input edited in place
+            # with its size and mtime kept has the same record key, and reusing
+            # the committed run's shards would commit the old rows again. Shards
+            # of runs that never committed (a crashed overwrite) are still reused.
+            committed_files = read_manifest(target).files
+            listed = {f.path for f in committed_files}
+            writers = {f.writer for f in committed_files}
+            reused = {i: r for i, r in reused.items()
+                      if r.get("path") and r["path"] not in listed
+                      and r.get("writer") not in writers}
         if on_reused is not None:
             on_reused([r.get("counts") or {} for r in reused.values()])
         todo = [u for u in units if u.index not in reused]

@@ -116,6 +116,26 @@ def test_concurrent_runs_one_commits(ray_cluster, base_uri, tmp_path):
 
 @pytest.mark.timeout(600)
 @pytest.mark.slow
+def test_overwrite_recomputes_an_input_edited_in_place(ray_cluster, local_dir, tmp_path):
+    """An input edited in place with its size and mtime kept looks unchanged to
+    a rerun ("nothing to do", as documented); --overwrite, the documented way to
+    recompute, commits the new rows instead of the committed shards again."""
+    raw, sink = f"{local_dir}/raw-edited", f"{local_dir}/out-edited"
+    _corpus(raw)
+    spec = _spec_file(tmp_path, raw, sink)
+    _commit_v1(spec)
+    path = f"{raw}/f1.jsonl"
+    st = os.stat(path)
+    data = Path(path).read_bytes()
+    Path(path).write_bytes(data.replace(b"doc 1-0", b"NEW 1-0"))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    code, out, err = _run("run", spec, "--overwrite")
+    assert code == 0, err[-2000:]
+    assert "reused" not in out + err
+    texts = sorted(r["text"] for r in read_dataset(sink).take_all())
+    assert "NEW 1-0" in texts and "doc 1-0" not in texts and len(texts) == 30
+
+
 def test_failed_overwrite_keeps_previous_version_then_vacuum(ray_cluster, local_dir, tmp_path):
     raw, sink = f"{local_dir}/raw", f"{local_dir}/out"
     _corpus(raw)
