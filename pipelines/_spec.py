@@ -198,6 +198,28 @@ class _BudgetLoader(yaml.SafeLoader):
             self._sizes[key] = total
         return self._sizes[key]
 
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        # A key written twice in one mapping: YAML says keys are unique, and
+        # PyYAML would silently keep the last value. Keys that a merge (<<)
+        # brings in may be overridden, as YAML intends.
+        if isinstance(node, yaml.MappingNode):
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag.endswith(":merge"):
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    duplicate = key in seen
+                    seen.add(key)
+                except TypeError:  # an unhashable key: SafeLoader refuses it itself
+                    continue
+                if duplicate:
+                    raise SpecError(
+                        f"{self._source}: key {short_repr(key, 60)} appears twice in one mapping "
+                        f"(line {key_node.start_mark.line + 1}); keep one (YAML would silently "
+                        "use the last).")
+        return super().construct_mapping(node, deep=deep)
+
     def compose_node(self, parent: Any, index: Any) -> Any:
         event = self.peek_event()
         anchor = getattr(event, "anchor", None)

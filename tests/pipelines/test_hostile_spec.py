@@ -120,6 +120,24 @@ def test_alias_bomb_is_refused_quickly_by_the_cli(raw, local_dir):
         _validate(rec)
 
 
+def test_a_key_written_twice_is_refused_by_the_cli(raw, local_dir):
+    """YAML keys are unique; PyYAML would silently keep the last value (here the
+    stricter bad-record policy would be dropped)."""
+    text = (f"name: t\nsource: {{format: jsonl, uri: {raw}}}\non_error: fail\n"
+            "on_error: skip\n")
+    r = slicefeed("validate", _write(os.path.join(local_dir, "dup.yaml"), text), timeout=60)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "key 'on_error' appears twice in one mapping (line 4)" in r.stderr, r.stderr[-2000:]
+    nested = (f"name: t\nsource: {{format: jsonl, uri: {raw}}}\ntransforms:\n"
+              "  - select: {columns: [id], columns: [x]}\n")
+    with pytest.raises(SpecError, match="key 'columns' appears twice"):
+        _validate(_write(os.path.join(local_dir, "dup2.yaml"), nested))
+    # A merge may override what it brings in.
+    merged = (f"name: t\nsource: {{format: jsonl, uri: {raw}}}\ntransforms:\n"
+              "  - select: &sel {columns: [id, x]}\n  - select: {<<: *sel, columns: [id]}\n")
+    assert _validate(_write(os.path.join(local_dir, "merge.yaml"), merged)).names == ["id"]
+
+
 def test_small_aliases_still_work(raw, local_dir):
     text = (f"name: t\nsource: &src {{format: jsonl, uri: {raw}}}\n"
             "transforms:\n  - select: {columns: &cols [id, x]}\n  - select: {columns: *cols}\n")
