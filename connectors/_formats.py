@@ -29,7 +29,10 @@ __all__ = ["FORMATS", "FileFormat", "format_of_path", "get_format"]
 def _parse_jsonl(data: bytes, options: Mapping[str, Any]) -> pa.Table:
     import pyarrow.json as pajson
 
-    return pajson.read_json(io.BytesIO(data))
+    # One block of all the data: a line longer than pyarrow's default block
+    # (1 MiB) would otherwise be refused as straddling two blocks.
+    block = min(max(len(data) + 1, 1 << 20), (1 << 31) - 1)
+    return pajson.read_json(io.BytesIO(data), read_options=pajson.ReadOptions(block_size=block))
 
 
 def _parse_csv(data: bytes, options: Mapping[str, Any]) -> pa.Table:

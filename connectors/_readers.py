@@ -50,6 +50,16 @@ RESERVED_INPUT_COLUMNS = (PROVENANCE_FILE, PROVENANCE_ROW, ERROR_COLUMN, RAW_COL
 
 
 def _check_reserved(names: Sequence[str], uri: str) -> None:
+    """Refuses slicefeed's own column names, and a name given to two columns (a
+    CSV header naming one twice): Parquet would keep both, and readers then
+    fail on, or silently drop, one of them."""
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise SpecError(
+                f"{uri}: column {printable(name, 60)!r} appears twice (a header that names "
+                "it twice?); give every column its own name in the input.")
+        seen.add(name)
     clash = [n for n in names if n in RESERVED_INPUT_COLUMNS]
     if clash:
         others = [n for n in names if n not in RESERVED_INPUT_COLUMNS]
@@ -783,7 +793,14 @@ def _peek_one(
         return pa.schema([("text", pa.string())])
     with source.fs.open(first, "rb", compression="infer") as f:
         head = f.read(_PEEK_BYTES)
-    if len(head) == _PEEK_BYTES and b"\n" in head:
+        # Whole lines only: a first line longer than the peek is read to its end
+        # (the run reads the whole file anyway), not parsed cut short.
+        while len(head) % _PEEK_BYTES == 0 and head and b"\n" not in head:
+            more = f.read(_PEEK_BYTES)
+            if not more:
+                break
+            head += more
+    if b"\n" in head and len(head) >= _PEEK_BYTES:
         head = head[: head.rindex(b"\n") + 1]
     opts = fmt.options_for(first, options)
     try:

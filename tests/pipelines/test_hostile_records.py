@@ -120,6 +120,35 @@ def test_reserved_columns_in_input_are_refused(ray_cluster, local_dir, fmt, colu
     assert Pipeline(spec).run().rows_written == 10
 
 
+def test_csv_header_naming_a_column_twice_is_refused(ray_cluster, local_dir):
+    """Two columns of one name were committed side by side, and readers of the
+    dataset then failed ("Multiple matches") or dropped one."""
+    put_bytes(f"{local_dir}/raw/a.csv", b"id,text\n1,a\n")
+    put_bytes(f"{local_dir}/raw/b.csv", b"id,id,text\n1,2,a\n3,4,b\n")
+    with pytest.raises(SpecError, match=r"b\.csv: column 'id' appears twice"):
+        Pipeline(_spec(local_dir, "csv", on_error="skip", max_error_fraction=1.0)).run()
+    assert not is_committed(f"{local_dir}/out")
+    os.remove(f"{local_dir}/raw/a.csv")  # the first file: `validate` refuses (exit 2)
+    spec_path = os.path.join(local_dir, "s.json")
+    with open(spec_path, "w") as f:
+        json.dump(_spec(local_dir, "csv", on_error="fail"), f)
+    r = _slicefeed("validate", spec_path)
+    assert r.returncode == 2 and "column 'id' appears twice" in r.stderr, r.stderr[-2000:]
+
+
+def test_jsonl_first_line_longer_than_the_schema_peek_is_read(local_dir):
+    """The schema is peeked from the first MiB of the first file; a first line
+    longer than that is read to its end instead of refused as invalid JSON."""
+    long = json.dumps({"id": 0, "text": "x" * (3 << 20)})
+    put_bytes(f"{local_dir}/raw/a.jsonl", (long + "\n" + json.dumps({"id": 1, "text": "y"}) + "\n").encode())
+    spec_path = os.path.join(local_dir, "s.json")
+    with open(spec_path, "w") as f:
+        json.dump(_spec(local_dir, "jsonl", on_error="fail"), f)
+    r = _slicefeed("validate", spec_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "text: string" in r.stdout, r.stdout[-2000:]
+
+
 def test_messages_escape_control_characters_from_data(local_dir):
     put_bytes(f"{local_dir}/raw/a.csv", b'id,"evil\nFAKE: validated ok\x1b[2J"\n1,2\n')
     spec_path = os.path.join(local_dir, "s.json")
