@@ -246,6 +246,9 @@ class JsonlDatasource(_SlicefeedFileDatasource):
         data = f.readall()
         try:
             table = pajson.read_json(io.BytesIO(data))
+            # pyarrow's JSON reader keeps invalid UTF-8 in string values; such a
+            # line is a bad record (found line by line below), never committed.
+            table.validate(full=True)
         except pa.ArrowInvalid as e:
             if self._mark_errors:
                 yield from self._mark_bad_lines(data, path, e)
@@ -398,7 +401,40 @@ class CsvDatasource(_SlicefeedFileDatasource):
             raise BadRecordError(
                 f"{self._uri(path)}: cannot be parsed as CSV ({printable(str(e), 300)}). {_FIX_HINT}"
             ) from None
-        yield self._finish(table, path, 0)
+        yield from self._utf8_checked(table, path, np.arange(table.num_rows, dtype=np.int64))
+
+    def _utf8_checked(self, table: pa.Table, path: str, rows: np.ndarray) -> Iterator[pa.Table]:
+        """``table`` (file rows ``rows``) with its text columns as strings.
+        pyarrow's CSV reader makes a column holding invalid UTF-8 ``binary``
+        (a CSV has no binary columns): each record with such a value is a bad
+        record (raw bytes: the value), and the column becomes ``string`` again."""
+        binary = [i for i, f in enumerate(table.schema) if pa.types.is_binary(f.type)]
+        if not binary:
+            yield self._finish(table, path, 0, rows=rows)
+            return
+        bad: dict[int, tuple[str, bytes]] = {}  # error path only: a Python loop
+        for k in binary:
+            name = table.schema.field(k).name
+            for i, v in enumerate(table.column(k).to_pylist()):
+                if v is not None and i not in bad:
+                    try:
+                        v.decode("utf-8")
+                    except UnicodeDecodeError:
+                        why = f"row {int(rows[i])}: column {printable(name, 60)!r} is not valid UTF-8"
+                        bad[i] = (why, v)
+        if bad and not self._mark_errors:
+            first = min(bad)
+            raise BadRecordError(f"{self._uri(path)}: {bad[first][0]}. {_FIX_HINT}")
+        keep = np.ones(table.num_rows, dtype=bool)
+        keep[list(bad)] = False
+        good = table.filter(pa.array(keep))
+        for k in binary:
+            good = good.set_column(k, good.schema.field(k).name, good.column(k).cast(pa.string()))
+        yield self._finish(good, path, 0, rows=rows[keep])
+        if bad:
+            idx = sorted(bad)
+            yield self._bad_rows(path, [int(rows[i]) for i in idx], [bad[i][0] for i in idx],
+                                 [bad[i][1] for i in idx])
 
     def _mark_bad_records(self, data: bytes, path: str, delimiter: str) -> Iterator[pa.Table]:
         """Good records as rows, bad ones as marked rows with their raw text (error path).
@@ -436,7 +472,7 @@ class CsvDatasource(_SlicefeedFileDatasource):
             rows = np.setdiff1d(np.arange(n_total, dtype=np.int64), np.asarray(idx, dtype=np.int64))
         else:
             rows = np.arange(table.num_rows, dtype=np.int64)
-        yield self._finish(table, path, 0, rows=rows)
+        yield from self._utf8_checked(table, path, rows)
         if skipped:
             yield self._bad_rows(
                 path,

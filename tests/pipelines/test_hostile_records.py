@@ -120,6 +120,33 @@ def test_reserved_columns_in_input_are_refused(ray_cluster, local_dir, fmt, colu
     assert Pipeline(spec).run().rows_written == 10
 
 
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_invalid_utf8_is_a_bad_record_never_committed(ray_cluster, local_dir, fmt):
+    """pyarrow's JSON reader keeps invalid UTF-8 in a string column (committed, it
+    broke every reader of the dataset), and its CSV reader turns the whole column
+    into binary: the record is a bad record, the other rows keep their types."""
+    from slicefeed.connectors import BadRecordError
+
+    if fmt == "jsonl":
+        body = b"".join(b'{"id": %d, "text": "t%d"}\n' % (i, i) for i in range(20))
+        body = body.replace(b'"t7"', b'"t\xff\xfe7"')
+        where = r"line 8 \(row 7\)"
+    else:
+        body = b"id,text\n" + b"".join(b"%d,t%d\n" % (i, i) for i in range(20))
+        body = body.replace(b",t7\n", b",t\xff\xfe7\n")
+        where = r"row 7: column 'text' is not valid UTF-8"
+    put_bytes(f"{local_dir}/raw/a.{fmt}", body)
+    with pytest.raises(BadRecordError, match=rf"a\.{fmt}: {where}"):
+        Pipeline(_spec(local_dir, fmt, on_error="fail")).run()
+    assert not is_committed(f"{local_dir}/out")
+    report = Pipeline(_spec(local_dir, fmt, on_error="quarantine", max_error_fraction=0.1)).run()
+    assert (report.rows_written, report.rows_quarantined) == (19, 1)
+    rows = read_dataset(f"{local_dir}/out").take_all()
+    assert sorted(r["text"] for r in rows) == sorted(f"t{i}" for i in range(20) if i != 7)
+    recs = _quarantined(f"{local_dir}/out")
+    assert len(recs) == 1 and recs[0]["_sf_row"] == 7 and b"\xff\xfe" in recs[0]["_sf_raw"]
+
+
 def test_csv_header_naming_a_column_twice_is_refused(ray_cluster, local_dir):
     """Two columns of one name were committed side by side, and readers of the
     dataset then failed ("Multiple matches") or dropped one."""
