@@ -378,6 +378,24 @@ def _locate_bad_json_line(data: bytes, uri: str, err: Exception) -> BadRecordErr
     return BadRecordError(f"{uri}: cannot be read as JSON lines ({err}). {_FIX_HINT}")
 
 
+def _unclosed_quote(data: bytes, delimiter: str) -> int | None:
+    """Offset of a quote opening a CSV value (at the start of a field, as pyarrow
+    reads quotes; one inside an unquoted value is a character) that is never
+    closed, or None. Such a value runs to the end of the file, so a file that
+    ends with a quote, or has none, is not scanned."""
+    if b'"' not in data or data.rstrip(b"\r\n").endswith(b'"'):
+        return None
+    import re
+
+    d = re.escape(delimiter.encode())
+    last = None
+    for m in re.finditer(rb'(?:\A|(?<=' + d + rb'|\n))"(?:[^"]|"")*("|\Z)', data):
+        last = m
+    if last is not None and not last.group(1):
+        return last.start()
+    return None
+
+
 class CsvDatasource(_SlicefeedFileDatasource):
     """CSV with a header row; the delimiter is given, or follows the file name (``.tsv``)."""
 
@@ -392,6 +410,16 @@ class CsvDatasource(_SlicefeedFileDatasource):
 
         delimiter = FORMATS["csv"].options_for(path, {"delimiter": self._delimiter})["delimiter"]
         data = f.readall()
+        opened = _unclosed_quote(data, delimiter)
+        if opened is not None:
+            # pyarrow reads everything after such a quote, line breaks included,
+            # as one value (the records after it vanish). The file's record count
+            # is unknown, so the file fails the run.
+            line = data.count(b"\n", 0, opened) + 1
+            raise BadRecordError(
+                f"{self._uri(path)}: line {line} opens a quoted value that is never closed, "
+                "so the records after it cannot be told apart; fix the quoting (a quote "
+                "inside a quoted value is written \"\").")
         try:
             table = pacsv.read_csv(io.BytesIO(data), parse_options=pacsv.ParseOptions(delimiter=delimiter))
         except pa.ArrowInvalid as e:

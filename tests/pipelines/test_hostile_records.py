@@ -147,6 +147,24 @@ def test_invalid_utf8_is_a_bad_record_never_committed(ray_cluster, local_dir, fm
     assert len(recs) == 1 and recs[0]["_sf_row"] == 7 and b"\xff\xfe" in recs[0]["_sf_raw"]
 
 
+def test_csv_quote_never_closed_fails_instead_of_swallowing_rows(ray_cluster, local_dir):
+    """pyarrow reads everything after a quote that never closes as one value:
+    the records after it vanished and the run committed. Now the file fails,
+    naming the line; a quote inside an unquoted value is still a character."""
+    from slicefeed.connectors import BadRecordError
+
+    put_bytes(f"{local_dir}/raw/a.csv", b'id,text\n0,5" screen\n1,"abc\n2,b\n3,c\n')
+    for on_error in ("fail", "quarantine"):
+        with pytest.raises(BadRecordError, match=r"a\.csv: line 3 opens a quoted value that is "
+                                                 r"never closed"):
+            Pipeline(_spec(local_dir, "csv", on_error=on_error, max_error_fraction=1.0)).run()
+    assert not is_committed(f"{local_dir}/out")
+    put_bytes(f"{local_dir}/raw/a.csv", b'id,text\n0,5" screen\n1,"a ""q""\nb"\n2,c\n')
+    Pipeline(_spec(local_dir, "csv", on_error="fail")).run()
+    rows = sorted(read_dataset(f"{local_dir}/out").take_all(), key=lambda r: r["id"])
+    assert [r["text"] for r in rows] == ['5" screen', 'a "q"\nb', "c"]
+
+
 def test_csv_header_naming_a_column_twice_is_refused(ray_cluster, local_dir):
     """Two columns of one name were committed side by side, and readers of the
     dataset then failed ("Multiple matches") or dropped one."""
