@@ -185,7 +185,7 @@ def test_ray_tensor_columns_of_a_dataset_load_as_their_rows(env):
 @pytest.mark.parametrize("value_type", ["int32", "bool"])
 def test_null_inside_a_tensor_is_refused_naming_the_column(env, local_dir, value_type):
     """A null element inside a tensor row has no value to deliver: a SpecError
-    naming the column (not Arrow's zero-copy error, and never a bool null
+    naming the column, file and row (not Arrow's zero-copy error, and never a bool null
     silently delivered as False)."""
     from slicefeed.connectors import SpecError
     from slicefeed.pipelines import JaxLoader
@@ -197,7 +197,8 @@ def test_null_inside_a_tensor_is_refused_naming_the_column(env, local_dir, value
         t, pa.FixedSizeListArray.from_arrays(pa.array(vals, t.value_type), 4))
     uri = os.path.join(local_dir, "nulls")
     _commit(uri, pa.table({"m": col, "label": pa.array(np.arange(N, dtype=np.int32))}))
-    with (pytest.raises(SpecError, match=r"column 'm' has 1 null"),
+    with (pytest.raises(SpecError, match=r"column 'm', file 'part-00000\.parquet' row 3: a null "
+                                         r"value \(1 in this batch\)"),
           JaxLoader(uri, global_batch_size=8, prefetch=1) as loader):
         list(loader)
 
