@@ -378,22 +378,20 @@ def _locate_bad_json_line(data: bytes, uri: str, err: Exception) -> BadRecordErr
     return BadRecordError(f"{uri}: cannot be read as JSON lines ({err}). {_FIX_HINT}")
 
 
-def _unclosed_quote(data: bytes, delimiter: str) -> int | None:
-    """Offset of a quote opening a CSV value (at the start of a field, as pyarrow
-    reads quotes; one inside an unquoted value is a character) that is never
-    closed, or None. Such a value runs to the end of the file, so a file that
-    ends with a quote, or has none, is not scanned."""
-    if b'"' not in data or data.rstrip(b"\r\n").endswith(b'"'):
+def _unclosed_quote(data: bytes, table: pa.Table) -> int | None:
+    """Offset of a quote opening a CSV value that is never closed, or None.
+    pyarrow reads everything after such a quote, line breaks included, as one
+    value; unless it fails on a short record, that value is the last column of
+    the last row. A file whose last value is quoted and closed ends with a
+    quote, and an unquoted value holds no line break."""
+    if table.num_rows == 0 or data.rstrip(b"\r\n").endswith(b'"'):
         return None
-    import re
-
-    d = re.escape(delimiter.encode())
-    last = None
-    for m in re.finditer(rb'(?:\A|(?<=' + d + rb'|\n))"(?:[^"]|"")*("|\Z)', data):
-        last = m
-    if last is not None and not last.group(1):
-        return last.start()
-    return None
+    last = table.column(table.num_columns - 1)[-1].as_py()
+    if isinstance(last, str):
+        last = last.encode("utf-8", "surrogateescape")
+    if not isinstance(last, bytes) or b"\n" not in last:
+        return None
+    return max(data.rfind(b'"', 0, len(data) - len(last) + 1), 0)
 
 
 class CsvDatasource(_SlicefeedFileDatasource):
@@ -410,16 +408,6 @@ class CsvDatasource(_SlicefeedFileDatasource):
 
         delimiter = FORMATS["csv"].options_for(path, {"delimiter": self._delimiter})["delimiter"]
         data = f.readall()
-        opened = _unclosed_quote(data, delimiter)
-        if opened is not None:
-            # pyarrow reads everything after such a quote, line breaks included,
-            # as one value (the records after it vanish). The file's record count
-            # is unknown, so the file fails the run.
-            line = data.count(b"\n", 0, opened) + 1
-            raise BadRecordError(
-                f"{self._uri(path)}: line {line} opens a quoted value that is never closed, "
-                "so the records after it cannot be told apart; fix the quoting (a quote "
-                "inside a quoted value is written \"\").")
         try:
             table = pacsv.read_csv(io.BytesIO(data), parse_options=pacsv.ParseOptions(delimiter=delimiter))
         except pa.ArrowInvalid as e:
@@ -429,7 +417,19 @@ class CsvDatasource(_SlicefeedFileDatasource):
             raise BadRecordError(
                 f"{self._uri(path)}: cannot be parsed as CSV ({printable(str(e), 300)}). {_FIX_HINT}"
             ) from None
+        self._check_quotes(data, table, path)
         yield from self._utf8_checked(table, path, np.arange(table.num_rows, dtype=np.int64))
+
+    def _check_quotes(self, data: bytes, table: pa.Table, path: str) -> None:
+        """A quote never closed took the records after it into one value: the
+        file's record count is unknown, so the file fails the run."""
+        opened = _unclosed_quote(data, table)
+        if opened is not None:
+            line = data.count(b"\n", 0, opened) + 1
+            raise BadRecordError(
+                f"{self._uri(path)}: line {line} opens a quoted value that is never closed, "
+                "so the records after it cannot be told apart; fix the quoting (a quote "
+                "inside a quoted value is written \"\").")
 
     def _utf8_checked(self, table: pa.Table, path: str, rows: np.ndarray) -> Iterator[pa.Table]:
         """``table`` (file rows ``rows``) with its text columns as strings.
@@ -500,6 +500,7 @@ class CsvDatasource(_SlicefeedFileDatasource):
             rows = np.setdiff1d(np.arange(n_total, dtype=np.int64), np.asarray(idx, dtype=np.int64))
         else:
             rows = np.arange(table.num_rows, dtype=np.int64)
+        self._check_quotes(data, table, path)
         yield from self._utf8_checked(table, path, rows)
         if skipped:
             yield self._bad_rows(
