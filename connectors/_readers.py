@@ -49,7 +49,7 @@ from slicefeed.connectors._watch import watching
 RESERVED_INPUT_COLUMNS = (PROVENANCE_FILE, PROVENANCE_ROW, ERROR_COLUMN, RAW_COLUMN)
 
 
-def _check_reserved(names: Sequence[str], uri: str) -> None:
+def _check_input_names(names: Sequence[str], uri: str) -> None:
     """Refuses slicefeed's own column names, and a name given to two columns (a
     CSV header naming one twice): Parquet would keep both, and readers then
     fail on, or silently drop, one of them."""
@@ -165,7 +165,7 @@ class _SlicefeedFileDatasource(FileBasedDatasource):
                     "source options."
                 )
             table = table.select(self._columns)
-        _check_reserved(table.column_names, self._uri(path))
+        _check_input_names(table.column_names, self._uri(path))
         if self._provenance:
             n = table.num_rows
             table = table.append_column(
@@ -819,7 +819,7 @@ def peek_schema(
                 f"{printable(', '.join(schema.names), 500)}. Fix `columns` in the source options."
             )
         schema = pa.schema([schema.field(c) for c in columns])
-    _check_reserved(schema.names, shown)
+    _check_input_names(schema.names, shown)
     if provenance:
         schema = schema.append(pa.field(PROVENANCE_FILE, pa.string())).append(
             pa.field(PROVENANCE_ROW, pa.int64())

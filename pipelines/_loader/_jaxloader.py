@@ -199,7 +199,8 @@ class JaxLoader:
         shares = src.share_sizes(self.process_count)
         if shares is not None and sum(shares) == 0:
             # Before the columns: a dataset committed empty may have no schema.
-            raise self._no_rows(opts.remainder)
+            raise SpecError(_plan.nothing_to_load(self.process_count, lb, opts.remainder,
+                                                  smallest_share=0))
         specs = plan_columns(
             src.schema(),
             columns=list(opts.columns) if opts.columns is not None else None,
@@ -230,14 +231,10 @@ class JaxLoader:
         self.steps_per_epoch: int | None = (
             _plan.steps_for(shares, lb, opts.remainder) if shares else None
         )
-        if shares is not None and sum(shares) == 0:
-            raise self._no_rows(opts.remainder)
         if shares is not None and self.steps_per_epoch == 0:
-            raise SpecError(
-                f"JaxLoader: with remainder='drop' no full batch fits: the smallest host "
-                f"share has {min(shares)} rows, fewer than the local batch ({lb}); use a "
-                f"smaller global_batch_size or remainder='pad'."
-            )
+            raise SpecError(_plan.nothing_to_load(
+                self.process_count, lb, opts.remainder,
+                smallest_share=min(shares) if sum(shares) else 0))
         local_share = shares[self.process_index] if shares else None
         limit = None
         if self.steps_per_epoch is not None and local_share is not None:
@@ -303,12 +300,6 @@ class JaxLoader:
         self._producer = producer
         self._t0 = t0
         self._start_runtime()
-
-    def _no_rows(self, remainder: str) -> SpecError:
-        return SpecError(
-            f"JaxLoader: the source has no rows (0 rows on all {self.process_count} "
-            f"host(s)), so there is nothing to load with remainder={remainder!r}; "
-            "check the dataset (an empty directory, or filters that removed every row).")
 
     def _start_runtime(self) -> None:
         """A fresh producer runtime from the current position (nothing refers back

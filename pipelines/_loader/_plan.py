@@ -35,6 +35,30 @@ def steps_for(share_sizes: list[int], local_batch_size: int, remainder: str) -> 
     return max(-(-s // local_batch_size) for s in share_sizes)
 
 
+def nothing_to_load(
+    hosts: int,
+    local_batch_size: int,
+    remainder: str,
+    *,
+    smallest_share: int | None,
+    epoch: int | None = None,
+) -> str:
+    """The one message for a source that gives no step, whether that is known at
+    construction (row counts known) or only at the end of an epoch (unknown
+    counts): ``smallest_share`` is ``None`` or 0 when no host has a row; with
+    ``"drop"`` and rows somewhere it is the smallest host's share (-1: unknown)."""
+    where = "the source" if epoch is None else f"epoch {epoch} of the source"
+    if remainder == "drop" and smallest_share:
+        share = (f"the smallest host share has {smallest_share} rows, fewer than"
+                 if smallest_share > 0 else "a host's share has fewer rows than")
+        return (f"JaxLoader: {where}: with remainder='drop' no full batch fits: {share} "
+                f"the local batch ({local_batch_size}); use a smaller global_batch_size "
+                "or remainder='pad'.")
+    return (f"JaxLoader: {where} has no rows (0 rows on all {hosts} host(s)), so there is "
+            f"nothing to load with remainder={remainder!r}; check the dataset (an empty "
+            "directory or split, or filters that removed every row).")
+
+
 def delivered_rows(share: int, steps: int, local_batch_size: int, remainder: str) -> int:
     """Rows of a host's share that are read at all: with ``"drop"`` only the rows
     of the agreed steps (the rest is counted as dropped, never read)."""

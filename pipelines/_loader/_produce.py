@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from slicefeed.connectors import SpecError
+from slicefeed.pipelines._loader import _plan
 from slicefeed.pipelines._loader._agree import Agreement
 from slicefeed.pipelines._loader._convert import ColumnSpec, convert_table, empty_batch, pad_batch
 from slicefeed.pipelines._loader._placement import Placement
@@ -206,16 +207,10 @@ class Producer:
         """The error for an epoch of no steps (a source of unknown row count): the
         same as a source of known counts gets at construction; without it an
         endless loader would run empty epochs forever."""
-        hosts = len(reports)
-        if self.remainder == "drop" and any(h for h, _, _ in reports):
-            return SpecError(
-                f"JaxLoader: epoch {epoch}: with remainder='drop' no full batch fits: a "
-                f"host's share has fewer rows than the local batch ({self.lb}); use a "
-                f"smaller global_batch_size or remainder='pad'.")
-        return SpecError(
-            f"JaxLoader: epoch {epoch} of the source has no rows (0 rows on all {hosts} "
-            f"host(s)), so there is nothing to load with remainder={self.remainder!r}; "
-            "check the dataset (an empty split, or filters that removed every row).")
+        any_rows = any(h for h, _, _ in reports)
+        return SpecError(_plan.nothing_to_load(len(reports), self.lb, self.remainder,
+                                               smallest_share=-1 if any_rows else 0,
+                                               epoch=epoch))
 
     def _publish(self, error: BaseException) -> None:
         """Tells the other hosts this one failed before its next exchange (see
