@@ -31,6 +31,7 @@ import ray
 from ray.data.datasource import FileBasedDatasource
 from ray.data.datasource.file_based_datasource import FileShuffleConfig
 
+from slicefeed.connectors import _numbers
 from slicefeed.connectors._errors import (
     BadRecordError,
     CorruptFileError,
@@ -254,14 +255,31 @@ class JsonlDatasource(_SlicefeedFileDatasource):
                 yield from self._mark_bad_lines(data, path, e)
                 return
             raise _locate_bad_json_line(data, self._uri(path), e) from None
+        lines: list[tuple[int, bytes]] = []
+
+        def line_of(row: int) -> bytes:  # built only when a value needs its text
+            if not lines:
+                lines.extend(_records(data))
+            return lines[row][1]
+
+        hits = _numbers.rounded_json_rows(table, line_of)
+        if hits:
+            if self._mark_errors:
+                yield from self._mark_bad_lines(data, path, None)
+                return
+            row = min(hits)
+            raise BadRecordError(
+                f"{self._uri(path)}: line {lines[row][0]} (row {row}): {hits[row]}, which "
+                f"{_numbers.ADVICE}; write such values as JSON strings. {_FIX_HINT}")
         yield self._finish(table, path, 0)
 
-    def _mark_bad_lines(self, data: bytes, path: str, err: Exception) -> Iterator[pa.Table]:
+    def _mark_bad_lines(self, data: bytes, path: str, err: Exception | None) -> Iterator[pa.Table]:
         """Good lines as rows, bad lines as marked rows (error path only: a Python loop).
 
         Rows are numbered like the fast path: by non-empty line. Lines whose
         values disagree with earlier lines on a field's type are bad records
-        too (see :func:`_read_json_lines`); the other lines are kept.
+        too (see :func:`_read_json_lines`), and so are lines with an integer
+        float64 would round (the others are read again without them).
         """
         good_rows: list[int] = []
         good: list[bytes] = []
@@ -290,8 +308,22 @@ class JsonlDatasource(_SlicefeedFileDatasource):
                 reasons.append(reason)
                 raw.append(line)
             record += 1
-        if good:
+        while good:
             table, rows, more_bad = _read_json_lines(good, good_rows, objs, linenos)
+            at = {r: i for i, r in enumerate(good_rows)}
+            hits = {} if table is None else _numbers.rounded_json_rows(
+                table, lambda k, good=good, at=at, rows=rows: good[at[int(rows[k])]])
+            if not hits:
+                break
+            drop = {at[int(rows[k])]: why for k, why in hits.items()}
+            for i, why in sorted(drop.items()):
+                bad_rows.append(good_rows[i])
+                reasons.append(f"line {linenos[i]}: {why}, which {_numbers.ADVICE}")
+                raw.append(good[i])
+            good, good_rows, objs, linenos = (
+                [v for i, v in enumerate(x) if i not in drop]
+                for x in (good, good_rows, objs, linenos))
+        if good:
             if table is not None:
                 yield self._finish(table, path, 0, rows=rows)
             for row, reason, line in more_bad:
@@ -300,6 +332,12 @@ class JsonlDatasource(_SlicefeedFileDatasource):
                 raw.append(line)
         if bad_rows:
             yield self._bad_rows(path, bad_rows, reasons, raw)
+
+
+def _records(data: bytes) -> list[tuple[int, bytes]]:
+    """(1-based line number, line) of each non-empty line: the records of a
+    JSON-lines file, in the order pyarrow reads them as rows."""
+    return [(i + 1, line) for i, line in enumerate(data.split(b"\n")) if line.strip()]
 
 
 def _read_json_lines(
@@ -378,6 +416,24 @@ def _locate_bad_json_line(data: bytes, uri: str, err: Exception) -> BadRecordErr
     return BadRecordError(f"{uri}: cannot be read as JSON lines ({err}). {_FIX_HINT}")
 
 
+def _csv_text(data: bytes, delimiter: str, *, skip: bool = False) -> Any:
+    """``names -> table`` re-reading those columns of a CSV file as strings, row
+    for row as the typed read (``skip``: records with the wrong number of
+    fields skipped, as :meth:`CsvDatasource._mark_bad_records` reads them)."""
+    import pyarrow.csv as pacsv
+
+    def as_text(names: list[str]) -> pa.Table:
+        return pacsv.read_csv(
+            io.BytesIO(data),
+            parse_options=pacsv.ParseOptions(
+                delimiter=delimiter, invalid_row_handler=(lambda _: "skip") if skip else None),
+            read_options=pacsv.ReadOptions(use_threads=not skip),
+            convert_options=pacsv.ConvertOptions(
+                include_columns=names, column_types={n: pa.string() for n in names}))
+
+    return as_text
+
+
 def _unclosed_quote(data: bytes, table: pa.Table) -> int | None:
     """Offset of a quote opening a CSV value that is never closed, or None.
     pyarrow reads everything after such a quote, line breaks included, as one
@@ -418,7 +474,8 @@ class CsvDatasource(_SlicefeedFileDatasource):
                 f"{self._uri(path)}: cannot be parsed as CSV ({printable(str(e), 300)}). {_FIX_HINT}"
             ) from None
         self._check_quotes(data, table, path)
-        yield from self._utf8_checked(table, path, np.arange(table.num_rows, dtype=np.int64))
+        yield from self._checked(table, path, np.arange(table.num_rows, dtype=np.int64),
+                                 _csv_text(data, delimiter))
 
     def _check_quotes(self, data: bytes, table: pa.Table, path: str) -> None:
         """A quote never closed took the records after it into one value: the
@@ -431,16 +488,25 @@ class CsvDatasource(_SlicefeedFileDatasource):
                 "so the records after it cannot be told apart; fix the quoting (a quote "
                 "inside a quoted value is written \"\").")
 
-    def _utf8_checked(self, table: pa.Table, path: str, rows: np.ndarray) -> Iterator[pa.Table]:
-        """``table`` (file rows ``rows``) with its text columns as strings.
-        pyarrow's CSV reader makes a column holding invalid UTF-8 ``binary``
-        (a CSV has no binary columns): each record with such a value is a bad
-        record (raw bytes: the value), and the column becomes ``string`` again."""
+    def _checked(
+        self, table: pa.Table, path: str, rows: np.ndarray, as_text: Any
+    ) -> Iterator[pa.Table]:
+        """``table`` (file rows ``rows``) with its text columns as strings and
+        no rounded integer. pyarrow's CSV reader makes a column holding invalid
+        UTF-8 ``binary`` (a CSV has no binary columns), and a column holding an
+        integer beyond int64, or fractions, float64: each record with invalid
+        UTF-8 (raw bytes: the value) or with an integer float64 would round is
+        a bad record, and a binary column becomes ``string`` again.
+        ``as_text(names)`` re-reads columns as strings (see :func:`_csv_text`)."""
         binary = [i for i, f in enumerate(table.schema) if pa.types.is_binary(f.type)]
-        if not binary:
+        bad: dict[int, tuple[str, bytes]] = {}  # error path only: a Python loop
+        for i, (why, text) in _numbers.rounded_csv_rows(table, as_text).items():
+            bad[i] = ((f"row {int(rows[i])}: {why}, which {_numbers.ADVICE}; keep such values "
+                      "out of numeric columns (a CSV column is typed from its values)"),
+                      text.encode())
+        if not binary and not bad:
             yield self._finish(table, path, 0, rows=rows)
             return
-        bad: dict[int, tuple[str, bytes]] = {}  # error path only: a Python loop
         for k in binary:
             name = table.schema.field(k).name
             for i, v in enumerate(table.column(k).to_pylist()):
@@ -501,7 +567,7 @@ class CsvDatasource(_SlicefeedFileDatasource):
         else:
             rows = np.arange(table.num_rows, dtype=np.int64)
         self._check_quotes(data, table, path)
-        yield from self._utf8_checked(table, path, rows)
+        yield from self._checked(table, path, rows, _csv_text(data, delimiter, skip=True))
         if skipped:
             yield self._bad_rows(
                 path,

@@ -102,6 +102,30 @@ def test_invalid_jsonl_line_names_file_and_line(ray_cluster, base_uri):
     assert "bad file.jsonl: line 3 (row 2) is not valid JSON" in str(e.value)
 
 
+def test_jsonl_integer_float64_would_round_is_found_in_nested_values(ray_cluster, base_uri):
+    """An integer float64 would round is refused wherever it sits (a list element,
+    a struct field), next to float literals that are kept; marked, only its
+    line is bad and the column is read again without it."""
+    lines = [
+        b'{"id": 0, "v": [1.5, 2.5], "s": {"x": 1e23}}',
+        b'{"id": 1, "v": [1.5, 9007199254740993], "s": {"x": 0.5}}',
+        b'{"id": 2, "v": [], "s": {"x": 18446744073709551615}}',
+        b'{"id": 3, "v": [4.0], "s": {"x": 1e20}}',
+    ]
+    uri = f"{base_uri}/nested.jsonl"
+    put_bytes(uri, b"\n".join(lines) + b"\n")
+    with pytest.raises(BadRecordError, match=r"nested\.jsonl: line 2 \(row 1\): column 'v\[\]' "
+                                             r"holds the integer 9007199254740993"):
+        read_jsonl(uri).take_all()
+    got = read_jsonl(uri, provenance=True, mark_errors=True).take_all()
+    bad = {r["_sf_row"]: r["_sf_error"] for r in got if r["_sf_error"]}
+    assert sorted(bad) == [1, 2]
+    assert "column 's.x' holds the integer 18446744073709551615" in bad[2]
+    good = sorted((r for r in got if not r["_sf_error"]), key=lambda r: r["id"])
+    assert [(r["id"], r["v"], r["s"]) for r in good] == [
+        (0, [1.5, 2.5], {"x": 1e23}), (3, [4.0], {"x": 1e20})]
+
+
 def test_read_csv(ray_cluster, base_uri):
     put_bytes(f"{base_uri}/c/a.csv", b"id,name,score\n1,a,0.5\n2,b,1.5\n")
     rows = read_csv(f"{base_uri}/c", columns=["id", "score"]).take_all()

@@ -147,6 +147,38 @@ def test_invalid_utf8_is_a_bad_record_never_committed(ray_cluster, local_dir, fm
     assert len(recs) == 1 and recs[0]["_sf_row"] == 7 and b"\xff\xfe" in recs[0]["_sf_raw"]
 
 
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_integer_float64_would_round_is_a_bad_record(ray_cluster, local_dir, fmt):
+    """pyarrow types a JSON or CSV column holding integers next to fractions (or
+    an integer beyond int64) as float64, and 9007199254740993 arrived as
+    9007199254740992 with the run green. Now that record is a bad record naming
+    the file, row and column; every other value arrives exactly, exact large
+    integers and float literals such as 1e23 included."""
+    from slicefeed.connectors import BadRecordError
+
+    ids = [2**62 + i for i in range(20)]
+    if fmt == "jsonl":
+        body = b"".join(b'{"id": %d, "score": %d.5, "big": 1e23}\n' % (v, i) for i, v in enumerate(ids))
+        body = body.replace(b'"score": 7.5', b'"score": 9007199254740993')
+        where = r"line 8 \(row 7\): column 'score' holds the integer 9007199254740993"
+    else:
+        body = b"id,score,big\n" + b"".join(b"%d,%d.5,1e23\n" % (v, i) for i, v in enumerate(ids))
+        body = body.replace(b",7.5,", b",9007199254740993,")
+        where = r"row 7: column 'score' holds the integer 9007199254740993"
+    put_bytes(f"{local_dir}/raw/a.{fmt}", body)
+    with pytest.raises(BadRecordError, match=rf"a\.{fmt}: {where}, which float64 would round"):
+        Pipeline(_spec(local_dir, fmt, on_error="fail")).run()
+    assert not is_committed(f"{local_dir}/out")
+    report = Pipeline(_spec(local_dir, fmt, on_error="quarantine", max_error_fraction=0.1)).run()
+    assert (report.rows_written, report.rows_quarantined) == (19, 1)
+    rows = sorted(read_dataset(f"{local_dir}/out").take_all(), key=lambda r: r["id"])
+    assert [r["id"] for r in rows] == [v for i, v in enumerate(ids) if i != 7]
+    assert [r["score"] for r in rows] == [i + 0.5 for i in range(20) if i != 7]
+    assert {r["big"] for r in rows} == {1e23}
+    recs = _quarantined(f"{local_dir}/out")
+    assert len(recs) == 1 and recs[0]["_sf_row"] == 7 and b"9007199254740993" in recs[0]["_sf_raw"]
+
+
 def test_csv_quote_never_closed_fails_instead_of_swallowing_rows(ray_cluster, local_dir):
     """pyarrow reads everything after a quote that never closes as one value:
     the records after it vanished and the run committed. Now the file fails,
