@@ -31,7 +31,7 @@ import ray
 from ray.data.datasource import FileBasedDatasource
 from ray.data.datasource.file_based_datasource import FileShuffleConfig
 
-from slicefeed.connectors import _numbers
+from slicefeed.connectors import _values
 from slicefeed.connectors._errors import (
     BadRecordError,
     CorruptFileError,
@@ -255,6 +255,11 @@ class JsonlDatasource(_SlicefeedFileDatasource):
                 yield from self._mark_bad_lines(data, path, e)
                 return
             raise _locate_bad_json_line(data, self._uri(path), e) from None
+        if _values.too_deep(table.schema):
+            if self._mark_errors:
+                yield from self._mark_bad_lines(data, path, None)
+                return
+            raise _locate_bad_json_line(data, self._uri(path), None) from None
         lines: list[tuple[int, bytes]] = []
 
         def line_of(row: int) -> bytes:  # built only when a value needs its text
@@ -262,7 +267,7 @@ class JsonlDatasource(_SlicefeedFileDatasource):
                 lines.extend(_records(data))
             return lines[row][1]
 
-        hits = _numbers.rounded_json_rows(table, line_of)
+        hits = _values.rounded_json_rows(table, line_of)
         if hits:
             if self._mark_errors:
                 yield from self._mark_bad_lines(data, path, None)
@@ -270,7 +275,7 @@ class JsonlDatasource(_SlicefeedFileDatasource):
             row = min(hits)
             raise BadRecordError(
                 f"{self._uri(path)}: line {lines[row][0]} (row {row}): {hits[row]}, which "
-                f"{_numbers.ADVICE}; write such values as JSON strings. {_FIX_HINT}")
+                f"{_values.ADVICE}; write such values as JSON strings. {_FIX_HINT}")
         yield self._finish(table, path, 0)
 
     def _mark_bad_lines(self, data: bytes, path: str, err: Exception | None) -> Iterator[pa.Table]:
@@ -292,12 +297,9 @@ class JsonlDatasource(_SlicefeedFileDatasource):
         for i, line in enumerate(data.split(b"\n")):
             if not line.strip():
                 continue
-            try:
-                obj = json.loads(line)
-                reason = None if isinstance(obj, dict) else (
-                    f"line {i + 1} is a JSON {type(obj).__name__}, expected an object")
-            except (UnicodeDecodeError, ValueError) as e:
-                reason = f"line {i + 1} is not valid JSON ({e})"
+            obj, reason = _json_record(line)
+            if reason is not None:
+                reason = f"line {i + 1} {reason}"
             if reason is None:
                 good_rows.append(record)
                 good.append(line)
@@ -311,14 +313,14 @@ class JsonlDatasource(_SlicefeedFileDatasource):
         while good:
             table, rows, more_bad = _read_json_lines(good, good_rows, objs, linenos)
             at = {r: i for i, r in enumerate(good_rows)}
-            hits = {} if table is None else _numbers.rounded_json_rows(
+            hits = {} if table is None else _values.rounded_json_rows(
                 table, lambda k, good=good, at=at, rows=rows: good[at[int(rows[k])]])
             if not hits:
                 break
             drop = {at[int(rows[k])]: why for k, why in hits.items()}
             for i, why in sorted(drop.items()):
                 bad_rows.append(good_rows[i])
-                reasons.append(f"line {linenos[i]}: {why}, which {_numbers.ADVICE}")
+                reasons.append(f"line {linenos[i]}: {why}, which {_values.ADVICE}")
                 raw.append(good[i])
             good, good_rows, objs, linenos = (
                 [v for i, v in enumerate(x) if i not in drop]
@@ -359,20 +361,32 @@ def _read_json_lines(
         return read(lines), np.asarray(rows, dtype=np.int64), []
     except pa.ArrowInvalid:
         pass
+    # A line pyarrow cannot read even alone (a key written twice) is a bad
+    # record; it must not give a field its type.
+    alone: dict[int, pa.Schema | None] = {}
+
+    def schema_of(i: int) -> pa.Schema | None:
+        if i not in alone:
+            try:
+                alone[i] = read([lines[i]]).schema
+            except pa.ArrowInvalid:
+                alone[i] = None
+        return alone[i]
+
     first: dict[str, int] = {}
     for i, obj in enumerate(objs):
         for k, v in obj.items():
-            if v is not None and k not in first:
+            if v is not None and k not in first and schema_of(i) is not None:
                 first[k] = i
     for i, obj in enumerate(objs):  # fields that are null everywhere
         for k in obj:
-            first.setdefault(k, i)
+            if k not in first and schema_of(i) is not None:
+                first[k] = i
     fields = []
     for name, i in first.items():
-        try:
-            fields.append(read([lines[i]]).schema.field(name))
-        except (pa.ArrowInvalid, KeyError):
-            fields.append(pa.field(name, pa.null()))
+        schema = schema_of(i)
+        idx = schema.get_field_index(name) if schema is not None else -1
+        fields.append(schema.field(idx) if idx >= 0 else pa.field(name, pa.null()))
     schema = pa.schema(fields)
     tables: list[tuple[int, pa.Table]] = []
     keep: list[int] = []
@@ -399,20 +413,50 @@ def _read_json_lines(
     return table, np.asarray(rows, dtype=np.int64)[keep], bad
 
 
-def _locate_bad_json_line(data: bytes, uri: str, err: Exception) -> BadRecordError:
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):  # pyarrow refuses such an object; Python keeps the last
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return obj
+
+
+def _json_record(line: bytes) -> tuple[dict | None, str | None]:
+    """A JSON-lines record parsed, or why it is a bad record ("is not valid
+    JSON (...)": the text follows "line N"). Error path only."""
+    try:
+        obj = json.loads(line, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as e:
+        return None, f"writes the key {printable(e.args[0], 60)!r} twice in one object"
+    except (UnicodeDecodeError, ValueError) as e:
+        return None, f"is not valid JSON ({e})"
+    except RecursionError:
+        return None, f"is nested too deep; {_values.DEPTH_ADVICE}"
+    if not isinstance(obj, dict):
+        return None, f"is a JSON {type(obj).__name__}, expected an object"
+    for key, value in obj.items():
+        levels = _values.json_nesting(value)
+        if levels > _values.MAX_NESTING:
+            return None, (f"holds column {printable(key, 80)!r} nested {levels} levels deep; "
+                          f"{_values.DEPTH_ADVICE}")
+    return obj, None
+
+
+def _locate_bad_json_line(data: bytes, uri: str, err: Exception | None) -> BadRecordError:
     """Finds the first bad line (only on the error path, so a Python loop is fine)."""
     for i, line in enumerate(data.split(b"\n")):
         if not line.strip():
             continue
-        try:
-            obj = json.loads(line)
-        except (UnicodeDecodeError, ValueError) as e:
-            return BadRecordError(f"{uri}: line {i + 1} (row {i}) is not valid JSON ({e}). {_FIX_HINT}")
-        if not isinstance(obj, dict):
-            return BadRecordError(
-                f"{uri}: line {i + 1} (row {i}) is a JSON {type(obj).__name__}, expected an "
-                f"object. {_FIX_HINT}"
-            )
+        _, why = _json_record(line)
+        if why is not None:
+            return BadRecordError(f"{uri}: line {i + 1} (row {i}) {why}. {_FIX_HINT}")
     return BadRecordError(f"{uri}: cannot be read as JSON lines ({err}). {_FIX_HINT}")
 
 
@@ -500,8 +544,8 @@ class CsvDatasource(_SlicefeedFileDatasource):
         ``as_text(names)`` re-reads columns as strings (see :func:`_csv_text`)."""
         binary = [i for i, f in enumerate(table.schema) if pa.types.is_binary(f.type)]
         bad: dict[int, tuple[str, bytes]] = {}  # error path only: a Python loop
-        for i, (why, text) in _numbers.rounded_csv_rows(table, as_text).items():
-            bad[i] = ((f"row {int(rows[i])}: {why}, which {_numbers.ADVICE}; keep such values "
+        for i, (why, text) in _values.rounded_csv_rows(table, as_text).items():
+            bad[i] = ((f"row {int(rows[i])}: {why}, which {_values.ADVICE}; keep such values "
                       "out of numeric columns (a CSV column is typed from its values)"),
                       text.encode())
         if not binary and not bad:
@@ -893,13 +937,6 @@ def peek_schema(
     return schema
 
 
-def _is_json_object(line: bytes) -> bool:
-    try:
-        return isinstance(json.loads(line), dict)
-    except (UnicodeDecodeError, ValueError):
-        return False
-
-
 def _peek_one(
     fmt: FileFormat,
     source: ResolvedPath,
@@ -934,30 +971,35 @@ def _peek_one(
     if b"\n" in head and len(head) >= _PEEK_BYTES:
         head = head[: head.rindex(b"\n") + 1]
     opts = fmt.options_for(first, options)
+    error: pa.ArrowInvalid | None = None
     try:
-        return fmt.parse(head, opts).schema
+        schema = fmt.parse(head, opts).schema
+        if fmt.name != "jsonl" or not _values.too_deep(schema):
+            return schema
     except pa.ArrowInvalid as e:
-        if fmt.name == "jsonl":
-            if mark_errors:
-                good = [ln for ln in head.split(b"\n") if _is_json_object(ln)]
-                if good:
-                    # Lines that disagree on a type are bad records at run time.
-                    table, _, _ = _read_json_lines(
-                        good, list(range(len(good))), [json.loads(ln) for ln in good],
-                        list(range(1, len(good) + 1)))
-                    if table is not None:
-                        return table.schema
-            raise _locate_bad_json_line(head, shown, e) from None
-        if fmt.name == "csv" and mark_errors:
-            import pyarrow.csv as pacsv
+        error = e
+    # The first lines hold a bad record.
+    if fmt.name == "jsonl":
+        if mark_errors:
+            good = [ln for ln in head.split(b"\n") if ln.strip() and _json_record(ln)[1] is None]
+            if good:
+                # Lines that disagree on a type are bad records at run time.
+                table, _, _ = _read_json_lines(
+                    good, list(range(len(good))), [json.loads(ln) for ln in good],
+                    list(range(1, len(good) + 1)))
+                if table is not None:
+                    return table.schema
+        raise _locate_bad_json_line(head, shown, error) from None
+    if fmt.name == "csv" and mark_errors:
+        import pyarrow.csv as pacsv
 
-            # A record with the wrong field count is a bad record at run
-            # time, not a reason to refuse the schema.
-            try:
-                return pacsv.read_csv(io.BytesIO(head), parse_options=pacsv.ParseOptions(
-                    delimiter=opts["delimiter"], invalid_row_handler=lambda row: "skip")).schema
-            except pa.ArrowInvalid:
-                pass
-        raise BadRecordError(
-            f"{shown}: cannot be parsed as {fmt.name.upper()} ({printable(str(e), 300)}). {_FIX_HINT}"
-        ) from None
+        # A record with the wrong field count is a bad record at run
+        # time, not a reason to refuse the schema.
+        try:
+            return pacsv.read_csv(io.BytesIO(head), parse_options=pacsv.ParseOptions(
+                delimiter=opts["delimiter"], invalid_row_handler=lambda row: "skip")).schema
+        except pa.ArrowInvalid:
+            pass
+    raise BadRecordError(
+        f"{shown}: cannot be parsed as {fmt.name.upper()} ({printable(str(error), 300)}). {_FIX_HINT}"
+    ) from None

@@ -179,6 +179,46 @@ def test_integer_float64_would_round_is_a_bad_record(ray_cluster, local_dir, fmt
     assert len(recs) == 1 and recs[0]["_sf_row"] == 7 and b"9007199254740993" in recs[0]["_sf_raw"]
 
 
+def test_jsonl_value_nested_too_deep_is_a_bad_record(ray_cluster, local_dir):
+    """A value 40 levels deep was committed as a dataset no Parquet reader could
+    open ("schema too deeply nested"); 5000 levels failed the run at commit with
+    a bare "Invalid flatbuffers message". Both are bad records naming the line."""
+    from slicefeed.connectors import BadRecordError
+
+    lines = [json.dumps({"id": i, "n": [[i]]}).encode() for i in range(20)]
+    lines[3] = b'{"id": 3, "n": ' + b"[" * 40 + b"]" * 40 + b"}"
+    lines[9] = b'{"id": 9, "n": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    put_bytes(f"{local_dir}/raw/a.jsonl", b"\n".join(lines) + b"\n")
+    with pytest.raises(BadRecordError, match=r"a\.jsonl: line 4 \(row 3\) holds column 'n' nested "
+                                             r"40 levels deep; at most 32 levels"):
+        Pipeline(_spec(local_dir, "jsonl", on_error="fail")).run()
+    assert not is_committed(f"{local_dir}/out")
+    report = Pipeline(_spec(local_dir, "jsonl", on_error="quarantine", max_error_fraction=0.2)).run()
+    assert (report.rows_written, report.rows_quarantined) == (18, 2)
+    rows = sorted(read_dataset(f"{local_dir}/out").take_all(), key=lambda r: r["id"])
+    assert [(r["id"], r["n"]) for r in rows] == [(i, [[i]]) for i in range(20) if i not in (3, 9)]
+    recs = sorted(_quarantined(f"{local_dir}/out"), key=lambda r: r["_sf_row"])
+    assert [r["_sf_row"] for r in recs] == [3, 9]
+    assert "nested too deep" in recs[1]["_sf_error"]
+
+
+def test_jsonl_key_written_twice_on_the_first_line_is_one_bad_record(ray_cluster, local_dir):
+    """pyarrow refuses an object that writes a key twice. On the first line (the
+    one the schema is peeked from) it failed the whole run under quarantine, with
+    advice to set the quarantine already set; it is one bad record like anywhere
+    else, and under `fail` the error names its line."""
+    from slicefeed.connectors import BadRecordError
+
+    put_bytes(f"{local_dir}/raw/a.jsonl",
+              b'{"id": 1, "t": "a", "id": 7}\n{"id": 2, "t": "b"}\n{"id": 3, "t": "c"}\n')
+    with pytest.raises(BadRecordError, match=r"a\.jsonl: line 1 \(row 0\) writes the key 'id' twice"):
+        Pipeline(_spec(local_dir, "jsonl", on_error="fail")).run()
+    report = Pipeline(_spec(local_dir, "jsonl", on_error="quarantine", max_error_fraction=0.5)).run()
+    assert (report.rows_written, report.rows_quarantined) == (2, 1)
+    rows = sorted(read_dataset(f"{local_dir}/out").take_all(), key=lambda r: r["id"])
+    assert [(r["id"], r["t"]) for r in rows] == [(2, "b"), (3, "c")]
+
+
 def test_csv_quote_never_closed_fails_instead_of_swallowing_rows(ray_cluster, local_dir):
     """pyarrow reads everything after a quote that never closes as one value:
     the records after it vanished and the run committed. Now the file fails,

@@ -1,4 +1,5 @@
-"""Integers that pyarrow's text readers would round, found before they are kept.
+"""Values pyarrow's text readers would change, or could not commit, found before
+they are kept: integers float64 would round, and values nested too deep.
 
 pyarrow's JSON and CSV readers type a column from its values: a column holding
 an integer beyond the int64 range, or integers next to fractions, becomes
@@ -26,6 +27,12 @@ from slicefeed.connectors._errors import printable
 #: Float64 holds every integer of smaller magnitude exactly.
 EXACT_LIMIT = 2.0**53
 
+#: Most levels of lists and structs a column may have. Arrow's IPC format (how
+#: Ray moves blocks) refuses 64 levels, and Parquet readers refuse a schema 100
+#: nodes deep, where each list level takes two: beyond this a committed dataset
+#: could not be read back.
+MAX_NESTING = 32
+
 # A path into a column: field names, and None for "an element of a list".
 Path = tuple[str | None, ...]
 
@@ -52,18 +59,60 @@ def candidates(table: pa.Table) -> dict[int, list[Path]]:
 
 
 def _leaves(arr: pa.Array, rows: np.ndarray | None, path: Path) -> Iterator[tuple[np.ndarray, Path]]:
-    t = arr.type
-    if pa.types.is_floating(t):
-        big = pc.and_(pc.greater_equal(pc.abs(arr), EXACT_LIMIT), pc.equal(pc.floor(arr), arr))
-        idx = np.flatnonzero(pc.fill_null(big, False).to_numpy(zero_copy_only=False))
-        if idx.size:
-            yield (idx if rows is None else rows[idx]), path
-    elif pa.types.is_struct(t):
-        for field, child in zip(t, arr.flatten()):
-            yield from _leaves(child, rows, (*path, field.name))
-    elif pa.types.is_list(t) or pa.types.is_large_list(t):
-        parents = pc.list_parent_indices(arr).to_numpy(zero_copy_only=False)
-        yield from _leaves(arr.flatten(), parents if rows is None else rows[parents], (*path, None))
+    stack = [(arr, rows, path)]  # not recursive: nesting depth is the input's
+    while stack:
+        arr, rows, path = stack.pop()
+        t = arr.type
+        if pa.types.is_floating(t):
+            big = pc.and_(pc.greater_equal(pc.abs(arr), EXACT_LIMIT), pc.equal(pc.floor(arr), arr))
+            idx = np.flatnonzero(pc.fill_null(big, False).to_numpy(zero_copy_only=False))
+            if idx.size:
+                yield (idx if rows is None else rows[idx]), path
+        elif pa.types.is_struct(t):
+            for field, child in zip(t, arr.flatten()):
+                stack.append((child, rows, (*path, field.name)))
+        elif pa.types.is_list(t) or pa.types.is_large_list(t):
+            parents = pc.list_parent_indices(arr).to_numpy(zero_copy_only=False)
+            stack.append((arr.flatten(), parents if rows is None else rows[parents], (*path, None)))
+
+
+def nesting(t: pa.DataType) -> int:
+    """Levels of lists and structs in ``t`` (0 for a scalar type)."""
+    deepest, stack = 0, [(t, 0)]
+    while stack:
+        t, level = stack.pop()
+        deepest = max(deepest, level)
+        if pa.types.is_struct(t):
+            stack += [(f.type, level + 1) for f in t]
+        elif pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+            stack.append((t.value_type, level + 1))
+    return deepest
+
+
+def json_nesting(value: object) -> int:
+    """Levels of arrays and objects in a parsed JSON value (0 for a scalar)."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        v, level = stack.pop()
+        if isinstance(v, dict):
+            stack += [(x, level + 1) for x in v.values()]
+        elif isinstance(v, list):
+            stack += [(x, level + 1) for x in v]
+        else:
+            deepest = max(deepest, level)
+            continue
+        deepest = max(deepest, level + 1)
+    return deepest
+
+
+def too_deep(schema: pa.Schema) -> tuple[str, int] | None:
+    """``(column, levels)`` of the first column nested deeper than
+    :data:`MAX_NESTING`, or None."""
+    for field in schema:
+        levels = nesting(field.type)
+        if levels > MAX_NESTING:
+            return printable(field.name, 80), levels
+    return None
 
 
 def column_name(path: Path) -> str:
@@ -151,6 +200,12 @@ def rounded_csv_rows(
                 break
     return out
 
+
+#: Why a column nested deeper than MAX_NESTING is refused, for a message.
+DEPTH_ADVICE = (
+    f"at most {MAX_NESTING} levels of arrays and objects can be committed to Parquet "
+    "and read back"
+)
 
 #: Why such a value is refused, for a message: "holds the integer N, which " + ADVICE.
 ADVICE = (
