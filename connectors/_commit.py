@@ -34,7 +34,13 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from slicefeed.connectors._errors import CorruptManifestError, SpecError
-from slicefeed.connectors._fs import ResolvedPath, expand_paths, has_glob, resolve_filesystem
+from slicefeed.connectors._fs import (
+    ResolvedPath,
+    expand_paths,
+    has_glob,
+    is_pattern,
+    resolve_filesystem,
+)
 from slicefeed.connectors._manifest import (
     CORRUPT_DIR,
     LEASES_DIR,
@@ -418,7 +424,7 @@ def list_inputs(sources: Sequence[tuple[str, str, dict[str, Any]]]) -> tuple[Inp
         paths = expand_paths(r)
         # One detailed listing instead of a metadata request per file.
         try:
-            if has_glob(r.path):
+            if is_pattern(r.fs, r.path):
                 listed = r.fs.glob(r.path, detail=True)
             elif r.fs.isdir(r.path):
                 listed = r.fs.find(r.path, detail=True)

@@ -140,19 +140,27 @@ def has_glob(path: str) -> bool:
     return any(c in _GLOB_CHARS for c in path)
 
 
+def is_pattern(fs: Any, path: str) -> bool:
+    """Whether ``path`` is a glob: it has glob characters and names nothing as
+    written. A path that exists is taken literally (a folder named ``in ?x``)."""
+    return has_glob(path) and not fs.exists(path)
+
+
 def expand_paths(resolved: ResolvedPath, *, suffixes: tuple[str, ...] = ()) -> list[str]:
     """Lists the files ``resolved`` names, sorted: a file, a directory, or a glob.
 
     Directories are walked recursively; hidden and underscore-prefixed files
     (``_manifest.json``, ``.crc``) are skipped, as Ray Data does, and when
     ``suffixes`` is given only files ending in one of them are kept. A glob or
-    a single file is taken as written.
+    a single file is taken as written; a path that exists is not a glob (see
+    :func:`is_pattern`).
 
     Raises:
         FileNotFoundError: naming the URI when nothing matches.
     """
     fs, path = resolved.fs, resolved.path
-    if has_glob(path):
+    pattern = is_pattern(fs, path)
+    if pattern:
         found = sorted(p for p in fs.glob(path) if not fs.isdir(p))
     elif fs.isdir(path):
         found = sorted(
@@ -166,7 +174,7 @@ def expand_paths(resolved: ResolvedPath, *, suffixes: tuple[str, ...] = ()) -> l
     else:
         found = []
     if not found:
-        what = "matches the pattern" if has_glob(path) else "exists at"
+        what = "matches the pattern" if pattern else "exists at"
         raise FileNotFoundError(
             f"No file {what} {resolved.uri}. Check the URI (gs://bucket/prefix, a local "
             "path, or a glob such as gs://bucket/raw/*.parquet) and that your "

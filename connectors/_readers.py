@@ -40,7 +40,7 @@ from slicefeed.connectors._errors import (
     printable,
 )
 from slicefeed.connectors._formats import FORMATS, FileFormat, get_format
-from slicefeed.connectors._fs import ResolvedPath, expand_paths, has_glob, resolve_filesystem
+from slicefeed.connectors._fs import ResolvedPath, expand_paths, is_pattern, resolve_filesystem
 from slicefeed.connectors._names import ERROR_COLUMN, PROVENANCE_FILE, PROVENANCE_ROW, RAW_COLUMN
 from slicefeed.connectors._watch import watching
 
@@ -103,7 +103,7 @@ class _SlicefeedFileDatasource(FileBasedDatasource):
         # Relative paths are stable across storages (local vs gs://), so row
         # identity, and so seeded randomness, does not depend on where data lives.
         base = source.path
-        if has_glob(base) or not source.fs.isdir(base):
+        if is_pattern(source.fs, base) or not source.fs.isdir(base):
             base = base.rsplit("/", 1)[0] if "/" in base else ""
         self._base = base.rstrip("/")
         self._columns = list(columns) if columns is not None else None

@@ -219,6 +219,19 @@ def test_jsonl_key_written_twice_on_the_first_line_is_one_bad_record(ray_cluster
     assert [(r["id"], r["t"]) for r in rows] == [(2, "b"), (3, "c")]
 
 
+def test_source_folder_named_with_glob_characters_is_read_as_written(ray_cluster, local_dir):
+    """A folder named ``in ?x`` was taken as a glob whose matches are folders,
+    so the run said no file matched; a path that exists is read as written, and
+    a sink beside it is not taken for one of its matches."""
+    src = os.path.join(local_dir, "in ?x")
+    put_bytes(os.path.join(src, "a[1].jsonl"), b'{"id": 1}\n{"id": 2}\n')
+    spec = {"name": "glob-chars", "source": {"format": "jsonl", "uri": src + "/"},
+            "sink": {"format": "parquet", "uri": os.path.join(local_dir, "out")}}
+    report = Pipeline(spec).run()
+    assert report.rows_written == 2
+    assert sorted(r["id"] for r in read_dataset(f"{local_dir}/out").take_all()) == [1, 2]
+
+
 def test_csv_quote_never_closed_fails_instead_of_swallowing_rows(ray_cluster, local_dir):
     """pyarrow reads everything after a quote that never closes as one value:
     the records after it vanished and the run committed. Now the file fails,
