@@ -260,22 +260,23 @@ class JsonlDatasource(_SlicefeedFileDatasource):
                 yield from self._mark_bad_lines(data, path, None)
                 return
             raise _locate_bad_json_line(data, self._uri(path), None) from None
-        lines: list[tuple[int, bytes]] = []
-
-        def line_of(row: int) -> bytes:  # built only when a value needs its text
-            if not lines:
-                lines.extend(_records(data))
-            return lines[row][1]
-
-        hits = _values.rounded_json_rows(table, line_of)
+        try:
+            hits = _values.rounded_json_rows(table, data)
+        except ValueError as e:  # records not found in the text: never guess
+            raise BadRecordError(
+                f"{self._uri(path)}: has float64 values that may be rounded integers, and "
+                f"its records cannot be told apart to check them ({printable(str(e), 100)}); "
+                "write one JSON object per line.") from None
         if hits:
             if self._mark_errors:
                 yield from self._mark_bad_lines(data, path, None)
                 return
             row = min(hits)
+            offset, why = hits[row]
+            line = data.count(b"\n", 0, offset) + 1
             raise BadRecordError(
-                f"{self._uri(path)}: line {lines[row][0]} (row {row}): {hits[row]}, which "
-                f"{_values.ADVICE}; write such values as JSON strings. {_FIX_HINT}")
+                f"{self._uri(path)}: line {line} (row {row}): {why}, which {_values.ADVICE}; "
+                f"write such values as JSON strings. {_FIX_HINT}")
         yield self._finish(table, path, 0)
 
     def _mark_bad_lines(self, data: bytes, path: str, err: Exception | None) -> Iterator[pa.Table]:
@@ -313,11 +314,12 @@ class JsonlDatasource(_SlicefeedFileDatasource):
         while good:
             table, rows, more_bad = _read_json_lines(good, good_rows, objs, linenos)
             at = {r: i for i, r in enumerate(good_rows)}
+            # One object per good line, in the table's row order.
             hits = {} if table is None else _values.rounded_json_rows(
-                table, lambda k, good=good, at=at, rows=rows: good[at[int(rows[k])]])
+                table, b"\n".join(good[at[int(r)]] for r in rows))
             if not hits:
                 break
-            drop = {at[int(rows[k])]: why for k, why in hits.items()}
+            drop = {at[int(rows[k])]: why for k, (_, why) in hits.items()}
             for i, why in sorted(drop.items()):
                 bad_rows.append(good_rows[i])
                 reasons.append(f"line {linenos[i]}: {why}, which {_values.ADVICE}")
@@ -334,12 +336,6 @@ class JsonlDatasource(_SlicefeedFileDatasource):
                 raw.append(line)
         if bad_rows:
             yield self._bad_rows(path, bad_rows, reasons, raw)
-
-
-def _records(data: bytes) -> list[tuple[int, bytes]]:
-    """(1-based line number, line) of each non-empty line: the records of a
-    JSON-lines file, in the order pyarrow reads them as rows."""
-    return [(i + 1, line) for i, line in enumerate(data.split(b"\n")) if line.strip()]
 
 
 def _read_json_lines(
@@ -518,7 +514,7 @@ class CsvDatasource(_SlicefeedFileDatasource):
                 f"{self._uri(path)}: cannot be parsed as CSV ({printable(str(e), 300)}). {_FIX_HINT}"
             ) from None
         self._check_quotes(data, table, path)
-        yield from self._checked(table, path, np.arange(table.num_rows, dtype=np.int64),
+        yield from self._checked(table, path, np.arange(table.num_rows, dtype=np.int64), data,
                                  _csv_text(data, delimiter))
 
     def _check_quotes(self, data: bytes, table: pa.Table, path: str) -> None:
@@ -533,7 +529,7 @@ class CsvDatasource(_SlicefeedFileDatasource):
                 "inside a quoted value is written \"\").")
 
     def _checked(
-        self, table: pa.Table, path: str, rows: np.ndarray, as_text: Any
+        self, table: pa.Table, path: str, rows: np.ndarray, data: bytes, as_text: Any
     ) -> Iterator[pa.Table]:
         """``table`` (file rows ``rows``) with its text columns as strings and
         no rounded integer. pyarrow's CSV reader makes a column holding invalid
@@ -541,10 +537,11 @@ class CsvDatasource(_SlicefeedFileDatasource):
         integer beyond int64, or fractions, float64: each record with invalid
         UTF-8 (raw bytes: the value) or with an integer float64 would round is
         a bad record, and a binary column becomes ``string`` again.
-        ``as_text(names)`` re-reads columns as strings (see :func:`_csv_text`)."""
+        ``data`` is the file's text and ``as_text(names)`` re-reads columns as
+        strings (see :func:`_csv_text`)."""
         binary = [i for i, f in enumerate(table.schema) if pa.types.is_binary(f.type)]
         bad: dict[int, tuple[str, bytes]] = {}  # error path only: a Python loop
-        for i, (why, text) in _values.rounded_csv_rows(table, as_text).items():
+        for i, (why, text) in _values.rounded_csv_rows(table, data, as_text).items():
             bad[i] = ((f"row {int(rows[i])}: {why}, which {_values.ADVICE}; keep such values "
                       "out of numeric columns (a CSV column is typed from its values)"),
                       text.encode())
@@ -611,7 +608,7 @@ class CsvDatasource(_SlicefeedFileDatasource):
         else:
             rows = np.arange(table.num_rows, dtype=np.int64)
         self._check_quotes(data, table, path)
-        yield from self._checked(table, path, rows, _csv_text(data, delimiter, skip=True))
+        yield from self._checked(table, path, rows, data, _csv_text(data, delimiter, skip=True))
         if skipped:
             yield self._bad_rows(
                 path,

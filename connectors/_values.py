@@ -8,14 +8,17 @@ float64, and an integer of magnitude 2**53 or more then silently loses digits
 ``1.5`` becomes ``9007199254740992``). Every integer below 2**53 is exact in
 float64, so only an integral float64 value of magnitude >= 2**53 can be such a
 rounded integer. Those are found over whole columns (nested lists and structs
-included) with Arrow compute; only their rows' source text is then looked at,
-to tell a float the input wrote (``1e23``) from an integer it did not keep.
+included) with Arrow compute, and the source text is scanned with NumPy for
+integer literals of 16 or more digits (2**53 has 16); only a row that has both,
+a literal whose float64 value is one of the row's candidates, is parsed again
+in Python, to tell a float the input wrote (``1e23``) from an integer it did
+not keep. A file of large floats and no long integers costs two vectorised
+passes.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -36,29 +39,34 @@ MAX_NESTING = 32
 # A path into a column: field names, and None for "an element of a list".
 Path = tuple[str | None, ...]
 
-# A rounded literal has at least 16 digits (2**53 has 16): a source line
-# without such a run holds none.
-_LONG_DIGITS = re.compile(rb"\d{16}")
-_INT_TEXT = re.compile(r"\s*[+-]?\d+\s*")
+_DIGITS = 16  # a rounded integer literal has at least as many (2**53 has 16)
+_JSON_WS = " \t\r\n"
 
 
-def candidates(table: pa.Table) -> dict[int, list[Path]]:
-    """Row -> paths of the integral float64 values of magnitude >= 2**53 in that
-    row (the only values that can be rounded integers)."""
-    found: dict[int, list[Path]] = {}
+def candidates(table: pa.Table) -> list[tuple[Path, np.ndarray, np.ndarray]]:
+    """``(path, rows, magnitudes)`` of the integral float64 values of magnitude
+    >= 2**53 (the only values that can be rounded integers), per column leaf."""
+    found = []
     for name, column in zip(table.column_names, table.columns):
         base = 0
         for chunk in column.chunks:
-            for rows, path in _leaves(chunk, None, (name,)):
-                for r in (rows + base).tolist():
-                    paths = found.setdefault(r, [])
-                    if path not in paths:
-                        paths.append(path)
+            for rows, path, values in _leaves(chunk, None, (name,)):
+                found.append((path, rows + base, values))
             base += len(chunk)
     return found
 
 
-def _leaves(arr: pa.Array, rows: np.ndarray | None, path: Path) -> Iterator[tuple[np.ndarray, Path]]:
+def _pairs(rows: np.ndarray, magnitudes: np.ndarray) -> np.ndarray:
+    """(row, magnitude) pairs as one integer key each, to look up: equal
+    pairs have equal keys; unequal ones may collide, which only costs a row
+    parsed again to no effect."""
+    bits = np.ascontiguousarray(magnitudes, dtype=np.float64).view(np.uint64)
+    return (rows.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ bits
+
+
+def _leaves(
+    arr: pa.Array, rows: np.ndarray | None, path: Path
+) -> Iterator[tuple[np.ndarray, Path, np.ndarray]]:
     stack = [(arr, rows, path)]  # not recursive: nesting depth is the input's
     while stack:
         arr, rows, path = stack.pop()
@@ -67,13 +75,221 @@ def _leaves(arr: pa.Array, rows: np.ndarray | None, path: Path) -> Iterator[tupl
             big = pc.and_(pc.greater_equal(pc.abs(arr), EXACT_LIMIT), pc.equal(pc.floor(arr), arr))
             idx = np.flatnonzero(pc.fill_null(big, False).to_numpy(zero_copy_only=False))
             if idx.size:
-                yield (idx if rows is None else rows[idx]), path
+                values = arr.take(pa.array(idx)).to_numpy(zero_copy_only=False)
+                yield (idx if rows is None else rows[idx]), path, np.abs(values)
         elif pa.types.is_struct(t):
             for field, child in zip(t, arr.flatten()):
                 stack.append((child, rows, (*path, field.name)))
         elif pa.types.is_list(t) or pa.types.is_large_list(t):
             parents = pc.list_parent_indices(arr).to_numpy(zero_copy_only=False)
             stack.append((arr.flatten(), parents if rows is None else rows[parents], (*path, None)))
+
+
+def _byte_class(chars: bytes) -> np.ndarray:
+    table = np.zeros(256, bool)
+    table[np.frombuffer(chars, np.uint8)] = True
+    return table
+
+
+_FRACTION_OR_EXPONENT = _byte_class(b".eE")
+_EXPONENT = _byte_class(b"eE")
+_WHITESPACE = _byte_class(_JSON_WS.encode())
+
+
+def int_literals(data: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """Byte offsets ``[start, end)`` of each integer literal of 16 or more digits
+    in ``data`` (its sign included): runs of digits that are not a fraction's or
+    an exponent's and are not followed by one. Found with NumPy; inside quoted
+    text too (a superset)."""
+    b = np.frombuffer(data, np.uint8)
+    # window[i]: the 16 bytes from i are all digits (ANDs of shifted masks,
+    # doubling the window each time; no per-run work unless a window exists).
+    window = (b - np.uint8(48)) < 10  # "0".."9" (uint8 wraps below "0")
+    width = 1
+    while width < _DIGITS and window.size:
+        window = window[:-width] & window[width:]
+        width *= 2
+    at = np.flatnonzero(window)
+    if not at.size:
+        return at, at
+    # A run of digits is the consecutive window starts it holds, plus 15.
+    first = np.r_[True, np.diff(at) > 1]
+    last = np.r_[first[1:], True]
+    starts, ends = at[first], at[last] + _DIGITS
+
+    def byte_at(i: np.ndarray) -> np.ndarray:  # a space outside data
+        inside = (i >= 0) & (i < b.size)
+        return np.where(inside, b[np.clip(i, 0, b.size - 1)], 32)
+
+    lead, after = byte_at(starts - 1), byte_at(ends)
+    signed = (lead == ord("-")) | (lead == ord("+"))
+    exponent = signed & _EXPONENT[byte_at(starts - 2)]
+    keep = ~_FRACTION_OR_EXPONENT[lead] & ~exponent & ~_FRACTION_OR_EXPONENT[after]
+    return np.where(signed, starts - 1, starts)[keep], ends[keep]
+
+
+class _Huge(int):
+    """An integer literal past Python's conversion limit; no float64 holds it."""
+
+    digits = 0
+
+    def __repr__(self) -> str:
+        return f"an integer of {self.digits} digits"
+
+
+def _parse_int(text: str | bytes) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        huge = _Huge()
+        huge.digits = len(text.strip().lstrip("+-" if isinstance(text, str) else b"+-"))
+        return huge
+
+
+def rounded(value: object) -> bool:
+    """True for an integer (not a bool) that float64 cannot hold exactly."""
+    if isinstance(value, _Huge):
+        return True
+    if not isinstance(value, int) or isinstance(value, bool):
+        return False
+    try:
+        return float(value) != value
+    except OverflowError:
+        return True
+
+
+def shown(value: int) -> str:
+    """An integer for a message, bounded (user data)."""
+    if isinstance(value, _Huge):
+        return repr(value)
+    text = str(value)
+    return f"the integer {text}" if len(text) <= 40 else f"the integer {text[:24]}... ({len(text)} digits)"
+
+
+def column_name(path: Path) -> str:
+    """``a.b[]`` for field ``b`` of the struct elements of list column ``a``."""
+    out = ""
+    for key in path:
+        out += "[]" if key is None else (f".{key}" if out else key)
+    return printable(out, 80)
+
+
+def _rounded_at(value: object, path: Path) -> int | None:
+    """The first integer under ``path`` in a parsed JSON value that float64 rounds."""
+    if not path:
+        return value if rounded(value) else None  # type: ignore[return-value]
+    key, rest = path[0], path[1:]
+    if key is None:
+        for item in value if isinstance(value, list) else ():
+            hit = _rounded_at(item, rest)
+            if hit is not None:
+                return hit
+        return None
+    return _rounded_at(value.get(key), rest) if isinstance(value, dict) else None
+
+
+def _record_starts(data: bytes, num_rows: int) -> np.ndarray:
+    """Byte offset of each of the ``num_rows`` records pyarrow read from JSON
+    lines ``data``: its non-blank lines when there are as many (one object per
+    line, the common case; vectorised), else found by walking the objects as
+    pyarrow does (several on a line, or lines ended by a lone CR)."""
+    b = np.frombuffer(data, np.uint8)
+    starts = np.concatenate(([0], np.flatnonzero(b == 10) + 1))
+    starts = starts[starts < b.size]
+    if starts.size:
+        text = ~_WHITESPACE[b]
+        filled = np.logical_or.reduceat(text, starts)
+        filled &= np.append(starts[1:], b.size) > starts  # reduceat of an empty line
+        if int(filled.sum()) == num_rows:
+            return starts[filled]
+    decoder, out, base = json.JSONDecoder(parse_int=_parse_int), [], 0
+    for line in data.split(b"\n"):
+        text = line.decode("utf-8", "surrogateescape")
+        pos = 0
+        while True:
+            while pos < len(text) and text[pos] in _JSON_WS:
+                pos += 1
+            if pos >= len(text):
+                break
+            out.append(base + len(text[:pos].encode("utf-8", "surrogateescape")))
+            _, pos = decoder.raw_decode(text, pos)
+        base += len(line) + 1
+    if len(out) != num_rows:
+        raise ValueError(f"{len(out)} JSON objects for {num_rows} rows")
+    return np.asarray(out, dtype=np.int64)
+
+
+def rounded_json_rows(table: pa.Table, data: bytes) -> dict[int, tuple[int, str]]:
+    """Row -> (byte offset of its record, ``"column 'x' holds the integer N"``)
+    for each row of ``table`` (read by pyarrow from JSON lines ``data``) with an
+    integer float64 rounded.
+
+    A row is parsed again only if an integer literal in its text has the
+    float64 value of one of its candidates; everything before is vectorised.
+
+    Raises:
+        ValueError: there are candidates, but the records cannot be found in the
+            text (the caller refuses the file rather than guess).
+    """
+    found = candidates(table)
+    if not found:
+        return {}
+    lo_tok, hi_tok = int_literals(data)
+    if not lo_tok.size:
+        return {}
+    starts = _record_starts(data, table.num_rows)
+    token_rows = np.searchsorted(starts, lo_tok, side="right") - 1
+    token_values = np.abs(np.fromiter(
+        (float(data[lo:hi]) for lo, hi in zip(lo_tok.tolist(), hi_tok.tolist())),
+        np.float64, lo_tok.size))
+    tokens = np.sort(_pairs(token_rows, token_values))
+    suspects: dict[int, list[Path]] = {}
+    for path, rows, magnitudes in found:
+        keys = _pairs(rows, magnitudes)
+        at = np.minimum(np.searchsorted(tokens, keys), tokens.size - 1)
+        hit = tokens[at] == keys
+        for row in dict.fromkeys(rows[hit].tolist()):
+            suspects.setdefault(row, []).append(path)
+    out: dict[int, tuple[int, str]] = {}
+    decoder = json.JSONDecoder(parse_int=_parse_int)
+    for row, paths in sorted(suspects.items()):  # parse those rows again
+        lo = int(starts[row])
+        end = int(starts[row + 1]) if row + 1 < starts.size else len(data)
+        text = data[lo:end].decode("utf-8", "surrogateescape")
+        pos = len(text) - len(text.lstrip(_JSON_WS))
+        try:
+            obj, _ = decoder.raw_decode(text, pos)
+        except ValueError:
+            continue
+        for path in paths:
+            value = _rounded_at(obj, path)
+            if value is not None:
+                out[row] = (lo, f"column {column_name(path)!r} holds {shown(value)}")
+                break
+    return out
+
+
+def rounded_csv_rows(
+    table: pa.Table, data: bytes, as_text: Callable[[list[str]], pa.Table]
+) -> dict[int, tuple[str, str]]:
+    """Row -> (``"column 'x' holds the integer N"``, the value's text) for each
+    row of a CSV ``table`` (read from ``data``) with an integer float64 rounded;
+    ``as_text(names)`` re-reads those columns of the same records as strings."""
+    found = candidates(table)
+    if not found or not int_literals(data)[0].size:
+        return {}
+    names = sorted({path[0] for path, _, _ in found})
+    text = as_text(names)
+    out: dict[int, tuple[str, str]] = {}
+    for (name, *_), rows, _ in found:  # CSV columns are flat: one leaf per column
+        values = text.column(name).take(pa.array(rows))
+        ints = pc.fill_null(pc.match_substring_regex(values, r"^\s*[+-]?\d+\s*$"), False)
+        for i in np.flatnonzero(ints.to_numpy(zero_copy_only=False)).tolist():
+            row, raw = int(rows[i]), values[i].as_py()
+            value = _parse_int(raw)
+            if row not in out and rounded(value):
+                out[row] = (f"column {column_name((name,))!r} holds {shown(value)}", raw)
+    return out
 
 
 def nesting(t: pa.DataType) -> int:
@@ -113,92 +329,6 @@ def too_deep(schema: pa.Schema) -> tuple[str, int] | None:
         if levels > MAX_NESTING:
             return printable(field.name, 80), levels
     return None
-
-
-def column_name(path: Path) -> str:
-    """``a.b[]`` for field ``b`` of the struct elements of list column ``a``."""
-    out = ""
-    for key in path:
-        out += "[]" if key is None else (f".{key}" if out else key)
-    return printable(out, 80)
-
-
-def rounded(value: object) -> bool:
-    """True for an integer (not a bool) that float64 cannot hold exactly."""
-    if not isinstance(value, int) or isinstance(value, bool):
-        return False
-    try:
-        return float(value) != value
-    except OverflowError:
-        return True
-
-
-def _rounded_at(value: object, path: Path) -> int | None:
-    """The first integer under ``path`` in a parsed JSON value that float64 rounds."""
-    if not path:
-        return value if rounded(value) else None  # type: ignore[return-value]
-    key, rest = path[0], path[1:]
-    if key is None:
-        for item in value if isinstance(value, list) else ():
-            hit = _rounded_at(item, rest)
-            if hit is not None:
-                return hit
-        return None
-    return _rounded_at(value.get(key), rest) if isinstance(value, dict) else None
-
-
-def shown(value: int) -> str:
-    """An integer for a message, bounded (user data)."""
-    text = str(value)
-    return text if len(text) <= 40 else f"{text[:24]}... ({len(text)} digits)"
-
-
-def rounded_json_rows(table: pa.Table, line_of: Callable[[int], bytes]) -> dict[int, str]:
-    """Row -> ``"column 'x' holds the integer N"`` for each row of ``table``
-    (read from JSON lines; ``line_of(row)`` is its source line) whose integer
-    float64 rounded."""
-    out: dict[int, str] = {}
-    for row, paths in candidates(table).items():
-        line = line_of(row)
-        if not _LONG_DIGITS.search(line):
-            continue
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
-        for path in paths:
-            hit = _rounded_at(obj, path)
-            if hit is not None:
-                out[row] = f"column {column_name(path)!r} holds the integer {shown(hit)}"
-                break
-    return out
-
-
-def rounded_csv_rows(
-    table: pa.Table, as_text: Callable[[list[str]], pa.Table]
-) -> dict[int, tuple[str, str]]:
-    """As :func:`rounded_json_rows` for a CSV table, with each value's text;
-    ``as_text(names)`` re-reads those columns of the same records as strings."""
-    found = candidates(table)
-    if not found:
-        return {}
-    text = as_text(sorted({p[0] for paths in found.values() for p in paths}))
-    out: dict[int, tuple[str, str]] = {}
-    for row, paths in found.items():
-        for (name, *_) in paths:  # CSV columns are flat
-            raw = text.column(name)[row].as_py()
-            if raw is None or not _INT_TEXT.fullmatch(raw):
-                continue
-            try:
-                value = int(raw)
-            except ValueError:  # more digits than Python converts: no float64 either
-                why = f"column {column_name((name,))!r} holds an integer of {len(raw.strip())} digits"
-                out[row] = (why, raw)
-                break
-            if rounded(value):
-                out[row] = (f"column {column_name((name,))!r} holds the integer {shown(value)}", raw)
-                break
-    return out
 
 
 #: Why a column nested deeper than MAX_NESTING is refused, for a message.

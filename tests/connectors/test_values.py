@@ -1,0 +1,67 @@
+"""Integers float64 would round: the vectorised scan and the row check, without Ray.
+
+The readers' own tests (``test_readers.py``, ``tests/pipelines/test_hostile_records.py``)
+cover the same through the public API and the pipeline; these pin the parts a
+wrong offset would silently break: which text is an integer literal, and which
+record a pyarrow row came from.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+
+import pyarrow.json as pajson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slicefeed.connectors import _values
+
+
+def _reference(data: bytes) -> list[tuple[int, int]]:
+    out = []
+    for m in re.finditer(rb"[0-9]+", data):
+        lo, hi = m.span()
+        lead, after = data[lo - 1:lo] if lo else b" ", data[hi:hi + 1] or b" "
+        if hi - lo < 16 or lead in (b".", b"e", b"E") or after in (b".", b"e", b"E"):
+            continue
+        if lead in (b"+", b"-"):
+            if data[lo - 2:lo - 1] in (b"e", b"E"):
+                continue
+            lo -= 1
+        out.append((lo, hi))
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([b"9", b"0", b"12345678", b".", b"e", b"E", b"+", b"-",
+                                 b" ", b",", b'"', b"\n", b"a"]), max_size=60))
+def test_int_literals_are_the_long_digit_runs_outside_fractions_and_exponents(parts):
+    data = b"".join(parts)
+    lo, hi = _values.int_literals(data)
+    assert list(zip(lo.tolist(), hi.tolist())) == _reference(data)
+
+
+def _rounded(data: bytes) -> dict[int, str]:
+    table = pajson.read_json(io.BytesIO(data))
+    return {row: why for row, (_, why) in _values.rounded_json_rows(table, data).items()}
+
+
+def test_rows_are_found_where_pyarrow_read_several_objects_on_a_line():
+    """pyarrow reads objects separated by spaces or a lone CR as rows of their
+    own: the row a rounded integer is reported at is pyarrow's row."""
+    for data in (b'{"x":1.5} {"x":2}\n{"x":9007199254740993}\n{"x":3}\n',
+                 b'{"x":1.5}\r{"x":2}\r{"x":9007199254740993}\r'):
+        assert _rounded(data) == {2: "column 'x' holds the integer 9007199254740993"}
+
+
+def test_integer_past_the_conversion_limit_is_rounded():
+    """An integer of 5,001 digits becomes inf in a float64 column."""
+    data = b'{"x":1.5}\n{"x":1' + b"0" * 5000 + b"}\n"
+    assert _rounded(data) == {1: "column 'x' holds an integer of 5001 digits"}
+
+
+def test_floats_and_digits_in_strings_are_not_rounded_integers():
+    data = (b'{"s":"9007199254740993","x":9007199254740993.0,"y":1e23,"id":1234567890123456789}\n'
+            b'{"s":"a","x":1.5,"y":-9.007199254740993e15,"id":1}\n')
+    assert _rounded(data) == {}
