@@ -170,6 +170,7 @@ def test_skip_counts_bad_records(ray_cluster, local_dir, kind):
 
 
 @pytest.mark.parametrize("kind", sorted(CORPORA))
+@pytest.mark.slow
 def test_quarantine_writes_each_bad_record(ray_cluster, local_dir, kind):
     corpus = CORPORA[kind](local_dir)
     if _fails_as_unreadable(local_dir, corpus, "quarantine"):

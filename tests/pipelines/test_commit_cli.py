@@ -136,6 +136,7 @@ def test_overwrite_recomputes_an_input_edited_in_place(ray_cluster, local_dir, t
     assert "NEW 1-0" in texts and "doc 1-0" not in texts and len(texts) == 30
 
 
+@pytest.mark.slow
 def test_failed_overwrite_keeps_previous_version_then_vacuum(ray_cluster, local_dir, tmp_path):
     raw, sink = f"{local_dir}/raw", f"{local_dir}/out"
     _corpus(raw)

@@ -121,6 +121,7 @@ def test_reserved_columns_in_input_are_refused(ray_cluster, local_dir, fmt, colu
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+@pytest.mark.slow
 def test_invalid_utf8_is_a_bad_record_never_committed(ray_cluster, local_dir, fmt):
     """pyarrow's JSON reader keeps invalid UTF-8 in a string column (committed, it
     broke every reader of the dataset), and its CSV reader turns the whole column
@@ -148,6 +149,7 @@ def test_invalid_utf8_is_a_bad_record_never_committed(ray_cluster, local_dir, fm
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+@pytest.mark.slow
 def test_integer_float64_would_round_is_a_bad_record(ray_cluster, local_dir, fmt):
     """pyarrow types a JSON or CSV column holding integers next to fractions (or
     an integer beyond int64) as float64, and 9007199254740993 arrived as
@@ -179,6 +181,7 @@ def test_integer_float64_would_round_is_a_bad_record(ray_cluster, local_dir, fmt
     assert len(recs) == 1 and recs[0]["_sf_row"] == 7 and b"9007199254740993" in recs[0]["_sf_raw"]
 
 
+@pytest.mark.slow
 def test_jsonl_value_nested_too_deep_is_a_bad_record(ray_cluster, local_dir):
     """A value 40 levels deep was committed as a dataset no Parquet reader could
     open ("schema too deeply nested"); 5000 levels failed the run at commit with
@@ -202,6 +205,7 @@ def test_jsonl_value_nested_too_deep_is_a_bad_record(ray_cluster, local_dir):
     assert "nested too deep" in recs[1]["_sf_error"]
 
 
+@pytest.mark.slow
 def test_jsonl_key_written_twice_on_the_first_line_is_one_bad_record(ray_cluster, local_dir):
     """pyarrow refuses an object that writes a key twice. On the first line (the
     one the schema is peeked from) it failed the whole run under quarantine, with
@@ -232,6 +236,7 @@ def test_source_folder_named_with_glob_characters_is_read_as_written(ray_cluster
     assert sorted(r["id"] for r in read_dataset(f"{local_dir}/out").take_all()) == [1, 2]
 
 
+@pytest.mark.slow
 def test_csv_quote_never_closed_fails_instead_of_swallowing_rows(ray_cluster, local_dir):
     """pyarrow reads everything after a quote that never closes as one value:
     the records after it vanished and the run committed. Now the file fails,

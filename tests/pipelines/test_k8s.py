@@ -338,6 +338,7 @@ def test_configmap_holds_a_readable_yaml_block(spec_path):
     assert docs[0]["data"]["pipeline.yaml"] == SPEC
 
 
+@pytest.mark.slow
 def test_local_paths_warned_and_set_passed_through(tmp_path):
     raw = tmp_path / "raw"
     raw.mkdir()

@@ -388,6 +388,7 @@ def test_dataset_committed_empty_says_no_rows(env, local_dir):
 
 
 @pytest.mark.parametrize("num_epochs", [1, None])
+@pytest.mark.slow
 def test_unknown_count_source_without_a_step_is_an_error_not_endless(env, num_epochs):
     """A source whose row count is unknown (a DataIterator, a filtered Dataset)
     and that gives no step raises what a source of known counts raises at
@@ -447,6 +448,7 @@ def test_pandas_blocks_are_a_source(env):
 
 
 @pytest.mark.parametrize("kind", ["iterator", "dataset"])
+@pytest.mark.slow
 def test_blocks_of_another_type_are_refused_not_cast(env, kind):
     """Ray's blocks of one dataset need not share a schema: a block whose column
     has another type than the one the conversion was planned for is an error

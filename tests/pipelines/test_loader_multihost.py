@@ -125,6 +125,7 @@ def test_close_returns_while_an_exchange_waits(ray_address, tmp_path):
     assert r["threads_left"] == [], r
 
 
+@pytest.mark.slow
 def test_pipeline_split_per_host_and_shared_dataset_refused(ray_address, tmp_path):
     """Every host passes the same Pipeline: each row once per epoch across hosts
     (split by input files); the same ray.data.Dataset on every host is refused."""

@@ -17,6 +17,7 @@ def _lines(out: str, prefix: str) -> str:
     return [ln for ln in out.splitlines() if ln.startswith(prefix)][-1][len(prefix):]
 
 
+@pytest.mark.slow
 def test_orbax_save_and_restore_in_fresh_process(jax_cpu, committed, tmp_path):
     from slicefeed.pipelines import JaxLoader
 

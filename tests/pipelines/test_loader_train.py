@@ -52,6 +52,7 @@ def _train_fn(config):
         json.dump(out, f)
 
 
+@pytest.mark.slow
 def test_jax_trainer_two_workers(ray_cluster, tmp_path):
     import ray
     from ray.train import RunConfig, ScalingConfig

@@ -64,6 +64,7 @@ def _ray_reads_what_jaxloader_delivers(uri: str, batch_size: int = 8) -> int:
     return len(ours)
 
 
+@pytest.mark.slow
 def test_text_lm_recipe(local_dir, ray_cluster, jax_cpu):
     raw = os.path.join(local_dir, "corpus")
     os.makedirs(raw)

@@ -201,6 +201,7 @@ def _descendant_of_us(pid: int) -> bool:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_worker_killed_mid_job_still_completes(ray_cluster, tmp_path):
     import tests.pipelines._stall_transform  # noqa: F401 - registers test_stall
     from slicefeed.pipelines import Pipeline
