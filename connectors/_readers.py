@@ -539,6 +539,9 @@ class CsvDatasource(_SlicefeedFileDatasource):
         a bad record, and a binary column becomes ``string`` again.
         ``data`` is the file's text and ``as_text(names)`` re-reads columns as
         strings (see :func:`_csv_text`)."""
+        # A header naming a kept column twice is the file's error, before any record's.
+        _check_input_names([n for n in table.column_names
+                            if self._columns is None or n in self._columns], self._uri(path))
         binary = [i for i, f in enumerate(table.schema) if pa.types.is_binary(f.type)]
         bad: dict[int, tuple[str, bytes]] = {}  # error path only: a Python loop
         for i, (why, text) in _values.rounded_csv_rows(table, data, as_text).items():

@@ -126,6 +126,15 @@ def test_jsonl_integer_float64_would_round_is_found_in_nested_values(ray_cluster
         (0, [1.5, 2.5], {"x": 1e23}), (3, [4.0], {"x": 1e20})]
 
 
+def test_csv_header_naming_a_column_twice_is_reported_before_its_records(ray_cluster, base_uri):
+    """A file's own error (a column named twice) comes before a record's (an
+    integer float64 would round), whatever the order of the checks."""
+    uri = f"{base_uri}/twice.csv"
+    put_bytes(uri, b"a,a,b\n1.5,1,x\n9007199254740993,2,y\n")
+    with pytest.raises(SpecError, match=r"twice\.csv: column 'a' appears twice"):
+        read_csv(uri).take_all()
+
+
 def test_read_csv(ray_cluster, base_uri):
     put_bytes(f"{base_uri}/c/a.csv", b"id,name,score\n1,a,0.5\n2,b,1.5\n")
     rows = read_csv(f"{base_uri}/c", columns=["id", "score"]).take_all()
