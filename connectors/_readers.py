@@ -280,12 +280,13 @@ class JsonlDatasource(_SlicefeedFileDatasource):
         yield self._finish(table, path, 0)
 
     def _mark_bad_lines(self, data: bytes, path: str, err: Exception | None) -> Iterator[pa.Table]:
-        """Good lines as rows, bad lines as marked rows (error path only: a Python loop).
+        """Good records as rows, bad ones as marked rows (error path only: a Python loop).
 
-        Rows are numbered like the fast path: by non-empty line. Lines whose
-        values disagree with earlier lines on a field's type are bad records
-        too (see :func:`_read_json_lines`), and so are lines with an integer
-        float64 would round (the others are read again without them).
+        Records and their row numbers are the fast path's (see
+        :func:`_json_records`). Records whose values disagree with earlier ones
+        on a field's type are bad records too (see :func:`_read_json_lines`),
+        and so are records with an integer float64 would round (the others
+        are read again without them).
         """
         good_rows: list[int] = []
         good: list[bytes] = []
@@ -294,27 +295,20 @@ class JsonlDatasource(_SlicefeedFileDatasource):
         bad_rows: list[int] = []
         reasons: list[str] = []
         raw: list[bytes] = []
-        record = 0
-        for i, line in enumerate(data.split(b"\n")):
-            if not line.strip():
-                continue
-            obj, reason = _json_record(line)
-            if reason is not None:
-                reason = f"line {i + 1} {reason}"
+        for record, (lineno, text, obj, reason) in enumerate(_json_records(data)):
             if reason is None:
                 good_rows.append(record)
-                good.append(line)
+                good.append(text)
                 objs.append(obj)
-                linenos.append(i + 1)
+                linenos.append(lineno)
             else:
                 bad_rows.append(record)
-                reasons.append(reason)
-                raw.append(line)
-            record += 1
+                reasons.append(f"line {lineno} {reason}")
+                raw.append(text)
         while good:
             table, rows, more_bad = _read_json_lines(good, good_rows, objs, linenos)
             at = {r: i for i, r in enumerate(good_rows)}
-            # One object per good line, in the table's row order.
+            # One object per good record, in the table's row order.
             hits = {} if table is None else _values.rounded_json_rows(
                 table, b"\n".join(good[at[int(r)]] for r in rows))
             if not hits:
@@ -424,35 +418,67 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
     return obj
 
 
-def _json_record(line: bytes) -> tuple[dict | None, str | None]:
-    """A JSON-lines record parsed, or why it is a bad record ("is not valid
-    JSON (...)": the text follows "line N"). Error path only."""
-    try:
-        obj = json.loads(line, object_pairs_hook=_unique_keys)
-    except _DuplicateKey as e:
-        return None, f"writes the key {printable(e.args[0], 60)!r} twice in one object"
-    except (UnicodeDecodeError, ValueError) as e:
-        return None, f"is not valid JSON ({e})"
-    except RecursionError:
-        return None, f"is nested too deep; {_values.DEPTH_ADVICE}"
+_DECODER = json.JSONDecoder(object_pairs_hook=_unique_keys)
+_JSON_WS = " \t\r\n"
+
+
+def _check_record(obj: object) -> str | None:
+    """Why a parsed JSON value is not a record slicefeed can keep, or None."""
     if not isinstance(obj, dict):
-        return None, f"is a JSON {type(obj).__name__}, expected an object"
+        return f"is a JSON {type(obj).__name__}, expected an object"
     for key, value in obj.items():
         levels = _values.json_nesting(value)
         if levels > _values.MAX_NESTING:
-            return None, (f"holds column {printable(key, 80)!r} nested {levels} levels deep; "
-                          f"{_values.DEPTH_ADVICE}")
-    return obj, None
+            return (f"holds column {printable(key, 80)!r} nested {levels} levels deep; "
+                    f"{_values.DEPTH_ADVICE}")
+    return None
 
 
-def _locate_bad_json_line(data: bytes, uri: str, err: Exception | None) -> BadRecordError:
-    """Finds the first bad line (only on the error path, so a Python loop is fine)."""
+def _json_records(data: bytes) -> Iterator[tuple[int, bytes, dict | None, str | None]]:
+    """The records of a JSON-lines file as pyarrow reads them, as
+    ``(line number, raw bytes, object or None, why it is bad or None)``.
+
+    pyarrow reads objects separated by JSON whitespace, so several on one line
+    (or lines ended by a lone CR) are several records, numbered as its rows; a
+    line whose text stops parsing is one bad record from there. The reason
+    follows "line N" in a message. Error path only: a Python loop.
+    """
     for i, line in enumerate(data.split(b"\n")):
         if not line.strip():
             continue
-        _, why = _json_record(line)
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            yield i + 1, line, None, f"is not valid JSON ({e})"
+            continue
+        pos = 0
+        while True:
+            while pos < len(text) and text[pos] in _JSON_WS:
+                pos += 1
+            if pos >= len(text):
+                break
+            try:
+                obj, end = _DECODER.raw_decode(text, pos)
+            except _DuplicateKey as e:
+                why = f"writes the key {printable(e.args[0], 60)!r} twice in one object"
+            except ValueError as e:
+                why = f"is not valid JSON ({e})"
+            except RecursionError:
+                why = f"is nested too deep; {_values.DEPTH_ADVICE}"
+            else:
+                why = _check_record(obj)
+                yield i + 1, text[pos:end].encode(), None if why else obj, why
+                pos = end
+                continue
+            yield i + 1, text[pos:].encode(), None, why
+            break
+
+
+def _locate_bad_json_line(data: bytes, uri: str, err: Exception | None) -> BadRecordError:
+    """Finds the first bad record (only on the error path, so a Python loop is fine)."""
+    for row, (line, _, _, why) in enumerate(_json_records(data)):
         if why is not None:
-            return BadRecordError(f"{uri}: line {i + 1} (row {i}) {why}. {_FIX_HINT}")
+            return BadRecordError(f"{uri}: line {line} (row {row}) {why}. {_FIX_HINT}")
     return BadRecordError(f"{uri}: cannot be read as JSON lines ({err}). {_FIX_HINT}")
 
 
@@ -981,12 +1007,12 @@ def _peek_one(
     # The first lines hold a bad record.
     if fmt.name == "jsonl":
         if mark_errors:
-            good = [ln for ln in head.split(b"\n") if ln.strip() and _json_record(ln)[1] is None]
-            if good:
-                # Lines that disagree on a type are bad records at run time.
+            records = [(n, text, obj) for n, text, obj, why in _json_records(head) if why is None]
+            if records:
+                # Records that disagree on a type are bad records at run time.
                 table, _, _ = _read_json_lines(
-                    good, list(range(len(good))), [json.loads(ln) for ln in good],
-                    list(range(1, len(good) + 1)))
+                    [text for _, text, _ in records], list(range(len(records))),
+                    [obj for _, _, obj in records], [n for n, _, _ in records])
                 if table is not None:
                     return table.schema
         raise _locate_bad_json_line(head, shown, error) from None

@@ -135,6 +135,22 @@ def test_csv_header_naming_a_column_twice_is_reported_before_its_records(ray_clu
         read_csv(uri).take_all()
 
 
+def test_jsonl_records_are_numbered_alike_with_and_without_bad_records(ray_cluster, base_uri):
+    """pyarrow reads two objects on one line (or lines ended by a lone CR) as two
+    rows. The bad-record path numbered records by line, so one bad line
+    elsewhere in the file shifted the row identity of every later record."""
+    uri = f"{base_uri}/several.jsonl"
+    body = b'{"x":1} {"x":2}\n{"x":3}\n%s{"x":4}\r{"x":5}\n'
+    put_bytes(uri, body % b"")
+    clean = read_jsonl(uri, provenance=True).take_all()
+    put_bytes(uri, body % b"not json\n")
+    marked = read_jsonl(uri, provenance=True, mark_errors=True).take_all()
+    assert sorted((r["x"], r["_sf_row"]) for r in clean) == [(1, 0), (2, 1), (3, 2), (4, 3), (5, 4)]
+    good = sorted((r["x"], r["_sf_row"]) for r in marked if not r["_sf_error"])
+    assert good == [(1, 0), (2, 1), (3, 2), (4, 4), (5, 5)]
+    assert [(r["_sf_row"], r["_sf_raw"]) for r in marked if r["_sf_error"]] == [(3, b"not json")]
+
+
 def test_read_csv(ray_cluster, base_uri):
     put_bytes(f"{base_uri}/c/a.csv", b"id,name,score\n1,a,0.5\n2,b,1.5\n")
     rows = read_csv(f"{base_uri}/c", columns=["id", "score"]).take_all()
