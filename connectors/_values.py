@@ -48,6 +48,10 @@ def candidates(table: pa.Table) -> list[tuple[Path, np.ndarray, np.ndarray]]:
     >= 2**53 (the only values that can be rounded integers), per column leaf."""
     found = []
     for name, column in zip(table.column_names, table.columns):
+        if pa.types.is_floating(column.type):  # one pass over all chunks, usually all
+            low, high = pc.min_max(column).values()
+            if low.as_py() is None or (-EXACT_LIMIT < low.as_py() and high.as_py() < EXACT_LIMIT):
+                continue
         base = 0
         for chunk in column.chunks:
             for rows, path, values in _leaves(chunk, None, (name,)):
