@@ -419,7 +419,6 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
 
 
 _DECODER = json.JSONDecoder(object_pairs_hook=_unique_keys)
-_JSON_WS = " \t\r\n"
 
 
 def _check_record(obj: object) -> str | None:
@@ -451,27 +450,16 @@ def _json_records(data: bytes) -> Iterator[tuple[int, bytes, dict | None, str | 
         except UnicodeDecodeError as e:
             yield i + 1, line, None, f"is not valid JSON ({e})"
             continue
-        pos = 0
-        while True:
-            while pos < len(text) and text[pos] in _JSON_WS:
-                pos += 1
-            if pos >= len(text):
-                break
-            try:
-                obj, end = _DECODER.raw_decode(text, pos)
-            except _DuplicateKey as e:
-                why = f"writes the key {printable(e.args[0], 60)!r} twice in one object"
-            except ValueError as e:
-                why = f"is not valid JSON ({e})"
-            except RecursionError:
+        for pos, end, obj, error in _values.json_values(text, _DECODER):
+            if isinstance(error, _DuplicateKey):
+                why = f"writes the key {printable(error.args[0], 60)!r} twice in one object"
+            elif isinstance(error, RecursionError):
                 why = f"is nested too deep; {_values.DEPTH_ADVICE}"
+            elif error is not None:
+                why = f"is not valid JSON ({error})"
             else:
                 why = _check_record(obj)
-                yield i + 1, text[pos:end].encode(), None if why else obj, why
-                pos = end
-                continue
-            yield i + 1, text[pos:].encode(), None, why
-            break
+            yield i + 1, text[pos:end].encode(), None if why else obj, why
 
 
 def _locate_bad_json_line(data: bytes, uri: str, err: Exception | None) -> BadRecordError:

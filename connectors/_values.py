@@ -207,20 +207,38 @@ def _record_starts(data: bytes, num_rows: int) -> np.ndarray:
         if int(filled.sum()) == num_rows:
             return starts[filled]
     decoder, out, base = json.JSONDecoder(parse_int=_parse_int), [], 0
-    for line in data.split(b"\n"):
+    for lineno, line in enumerate(data.split(b"\n"), 1):
         text = line.decode("utf-8", "surrogateescape")
-        pos = 0
-        while True:
-            while pos < len(text) and text[pos] in _JSON_WS:
-                pos += 1
-            if pos >= len(text):
-                break
+        for pos, _, _, error in json_values(text, decoder):
+            if error is not None:
+                raise ValueError(f"line {lineno} is not JSON")
             out.append(base + len(text[:pos].encode("utf-8", "surrogateescape")))
-            _, pos = decoder.raw_decode(text, pos)
         base += len(line) + 1
     if len(out) != num_rows:
         raise ValueError(f"{len(out)} JSON objects for {num_rows} rows")
     return np.asarray(out, dtype=np.int64)
+
+
+def json_values(
+    text: str, decoder: json.JSONDecoder
+) -> Iterator[tuple[int, int, object, Exception | None]]:
+    """``(start, end, value, error)`` of each JSON value on one line of text, as
+    pyarrow reads them: separated by JSON whitespace (a lone CR included). At the
+    first text that does not parse, ``error`` is set, ``end`` is the line's end,
+    and the walk stops."""
+    pos = 0
+    while True:
+        while pos < len(text) and text[pos] in _JSON_WS:
+            pos += 1
+        if pos >= len(text):
+            return
+        try:
+            value, end = decoder.raw_decode(text, pos)
+        except (ValueError, RecursionError) as e:
+            yield pos, len(text), None, e
+            return
+        yield pos, end, value, None
+        pos = end
 
 
 def rounded_json_rows(table: pa.Table, data: bytes) -> dict[int, tuple[int, str]]:
