@@ -154,6 +154,13 @@ class _SlicefeedFileDatasource(FileBasedDatasource):
             cols[RAW_COLUMN] = pa.array(list(raw), pa.binary())
         return pa.table(cols)
 
+    def _kept(self, table: pa.Table) -> pa.Table:
+        """The columns of ``table`` the source keeps (``columns``), for checks of
+        values: a column left out is never refused for what it holds."""
+        if self._columns is None:
+            return table
+        return table.select([c for c in table.column_names if c in self._columns])
+
     def _finish(
         self, table: pa.Table, path: str, first_row: int, rows: np.ndarray | None = None
     ) -> pa.Table:
@@ -255,13 +262,14 @@ class JsonlDatasource(_SlicefeedFileDatasource):
                 yield from self._mark_bad_lines(data, path, e)
                 return
             raise _locate_bad_json_line(data, self._uri(path), e) from None
-        if _values.too_deep(table.schema):
+        kept = self._kept(table)
+        if _values.too_deep(kept.schema):
             if self._mark_errors:
                 yield from self._mark_bad_lines(data, path, None)
                 return
             raise _locate_bad_json_line(data, self._uri(path), None) from None
         try:
-            hits = _values.rounded_json_rows(table, data)
+            hits = _values.rounded_json_rows(kept, data)
         except ValueError as e:  # records not found in the text: never guess
             raise BadRecordError(
                 f"{self._uri(path)}: has float64 values that may be rounded integers, and "
@@ -310,7 +318,7 @@ class JsonlDatasource(_SlicefeedFileDatasource):
             at = {r: i for i, r in enumerate(good_rows)}
             # One object per good record, in the table's row order.
             hits = {} if table is None else _values.rounded_json_rows(
-                table, b"\n".join(good[at[int(r)]] for r in rows))
+                self._kept(table), b"\n".join(good[at[int(r)]] for r in rows))
             if not hits:
                 break
             drop = {at[int(rows[k])]: why for k, (_, why) in hits.items()}
@@ -418,7 +426,8 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
     return obj
 
 
-_DECODER = json.JSONDecoder(object_pairs_hook=_unique_keys)
+_DECODER = json.JSONDecoder(object_pairs_hook=_unique_keys, parse_int=_values.parse_int)
+_PLAIN_DECODER = json.JSONDecoder()
 
 
 def _check_record(obj: object) -> str | None:
@@ -437,29 +446,49 @@ def _json_records(data: bytes) -> Iterator[tuple[int, bytes, dict | None, str | 
     """The records of a JSON-lines file as pyarrow reads them, as
     ``(line number, raw bytes, object or None, why it is bad or None)``.
 
-    pyarrow reads objects separated by JSON whitespace, so several on one line
-    (or lines ended by a lone CR) are several records, numbered as its rows; a
-    line whose text stops parsing is one bad record from there. The reason
-    follows "line N" in a message. Error path only: a Python loop.
+    pyarrow reads JSON values separated by JSON whitespace, so several on one
+    line, one spread over lines, or lines ended by a lone CR are records as its
+    rows are; a byte-order mark is skipped. Text that stops parsing is one bad
+    record up to the end of its line; the walk goes on at the next line. The
+    reason follows "line N" in a message. Error path only: a Python loop.
     """
-    for i, line in enumerate(data.split(b"\n")):
-        if not line.strip():
-            continue
-        try:
-            text = line.decode("utf-8")
-        except UnicodeDecodeError as e:
-            yield i + 1, line, None, f"is not valid JSON ({e})"
-            continue
-        for pos, end, obj, error in _values.json_values(text, _DECODER):
+    text = data.decode("utf-8", "surrogateescape")
+    pos = 1 if text.startswith("\ufeff") else 0
+    line, counted = 1, 0  # line number at text[counted]
+
+    def line_at(at: int) -> int:
+        nonlocal line, counted
+        line += text.count("\n", counted, at)
+        counted = at
+        return line
+
+    while pos < len(text):
+        for start, end, obj, error in _values.json_values(text, _DECODER, pos):
+            if isinstance(error, _DuplicateKey):  # the object's end, read without the check
+                try:
+                    end = _PLAIN_DECODER.raw_decode(text, start)[1]
+                except ValueError:
+                    pass
+            elif error is not None:  # up to the end of the line
+                end = text.find("\n", start)
+                end = len(text) if end < 0 else end
+            raw = text[start:end].encode("utf-8", "surrogateescape")
             if isinstance(error, _DuplicateKey):
                 why = f"writes the key {printable(error.args[0], 60)!r} twice in one object"
             elif isinstance(error, RecursionError):
                 why = f"is nested too deep; {_values.DEPTH_ADVICE}"
             elif error is not None:
-                why = f"is not valid JSON ({error})"
+                why = f"is not valid JSON ({printable(str(error), 200)})"
+            elif raw.decode("utf-8", "replace").encode() != raw:
+                why = "is not valid UTF-8"
             else:
                 why = _check_record(obj)
-            yield i + 1, text[pos:end].encode(), None if why else obj, why
+            yield line_at(start), raw, None if why else obj, why
+            pos = end
+            if error is not None:
+                break
+        else:
+            return
 
 
 def _locate_bad_json_line(data: bytes, uri: str, err: Exception | None) -> BadRecordError:
@@ -558,7 +587,7 @@ class CsvDatasource(_SlicefeedFileDatasource):
                             if self._columns is None or n in self._columns], self._uri(path))
         binary = [i for i, f in enumerate(table.schema) if pa.types.is_binary(f.type)]
         bad: dict[int, tuple[str, bytes]] = {}  # error path only: a Python loop
-        for i, (why, text) in _values.rounded_csv_rows(table, data, as_text).items():
+        for i, (why, text) in _values.rounded_csv_rows(self._kept(table), data, as_text).items():
             bad[i] = ((f"row {int(rows[i])}: {why}, which {_values.ADVICE}; keep such values "
                       "out of numeric columns (a CSV column is typed from its values)"),
                       text.encode())

@@ -141,7 +141,7 @@ class _Huge(int):
         return f"an integer of {self.digits} digits"
 
 
-def _parse_int(text: str | bytes) -> int:
+def parse_int(text: str | bytes) -> int:
     try:
         return int(text)
     except ValueError:
@@ -194,39 +194,55 @@ def _rounded_at(value: object, path: Path) -> int | None:
 
 def _record_starts(data: bytes, num_rows: int) -> np.ndarray:
     """Byte offset of each of the ``num_rows`` records pyarrow read from JSON
-    lines ``data``: its non-blank lines when there are as many (one object per
-    line, the common case; vectorised), else found by walking the objects as
-    pyarrow does (several on a line, or lines ended by a lone CR)."""
+    lines ``data``.
+
+    When every non-blank line starts with ``{`` and ends with ``}`` (a CR
+    aside), no object can span lines (the next line's ``{`` could not continue
+    it), so each such line holds whole objects, and as many lines as rows means
+    one object per line: the common case, vectorised over line ends. Otherwise
+    the objects are walked as pyarrow reads them (several on a line, across
+    lines, a lone CR, a byte-order mark), in linear time.
+
+    Raises:
+        ValueError: the text does not parse as ``num_rows`` JSON values.
+    """
     b = np.frombuffer(data, np.uint8)
-    starts = np.concatenate(([0], np.flatnonzero(b == 10) + 1))
-    starts = starts[starts < b.size]
-    if starts.size:
-        text = ~_WHITESPACE[b]
-        filled = np.logical_or.reduceat(text, starts)
-        filled &= np.append(starts[1:], b.size) > starts  # reduceat of an empty line
-        if int(filled.sum()) == num_rows:
-            return starts[filled]
-    decoder, out, base = json.JSONDecoder(parse_int=_parse_int), [], 0
-    for lineno, line in enumerate(data.split(b"\n"), 1):
-        text = line.decode("utf-8", "surrogateescape")
-        for pos, _, _, error in json_values(text, decoder):
-            if error is not None:
-                raise ValueError(f"line {lineno} is not JSON")
-            out.append(base + len(text[:pos].encode("utf-8", "surrogateescape")))
-        base += len(line) + 1
+    newlines = np.flatnonzero(b == 10)
+    starts = np.concatenate(([0], newlines + 1))
+    ends = np.append(newlines, b.size)
+    keep = starts < ends
+    starts, ends = starts[keep], ends[keep]
+    last = b[ends - 1]
+    cr = last == 13
+    blank = cr & (ends - starts == 1)
+    last = np.where(cr & ~blank, b[np.maximum(ends - 2, 0)], last)
+    whole = (b[starts] == ord("{")) & (last == ord("}"))
+    if bool(np.all(whole | blank)) and int(whole.sum()) == num_rows:
+        return starts[whole]
+    text = data.decode("utf-8", "surrogateescape")
+    ascii_only = len(text) == len(data)
+    first = 1 if text.startswith("\ufeff") else 0  # pyarrow skips a byte-order mark
+    decoder, out = json.JSONDecoder(parse_int=parse_int), []
+    char, byte = first, len(text[:first].encode("utf-8"))
+    for pos, end, _, error in json_values(text, decoder, first):
+        if error is not None:
+            raise ValueError(f"the text at byte {byte} does not parse as JSON")
+        if not ascii_only:  # bytes up to this value, counted once per stretch
+            byte += len(text[char:pos].encode("utf-8", "surrogateescape"))
+            char = pos
+        out.append(pos if ascii_only else byte)
     if len(out) != num_rows:
-        raise ValueError(f"{len(out)} JSON objects for {num_rows} rows")
+        raise ValueError(f"{len(out)} JSON values for {num_rows} rows")
     return np.asarray(out, dtype=np.int64)
 
 
 def json_values(
-    text: str, decoder: json.JSONDecoder
+    text: str, decoder: json.JSONDecoder, pos: int = 0
 ) -> Iterator[tuple[int, int, object, Exception | None]]:
-    """``(start, end, value, error)`` of each JSON value on one line of text, as
-    pyarrow reads them: separated by JSON whitespace (a lone CR included). At the
-    first text that does not parse, ``error`` is set, ``end`` is the line's end,
-    and the walk stops."""
-    pos = 0
+    """``(start, end, value, error)`` of each JSON value in ``text`` from ``pos``,
+    as pyarrow reads them: separated by JSON whitespace (a lone CR included). At
+    the first text that does not parse, ``error`` is set, ``end`` is the text's
+    end, and the walk stops."""
     while True:
         while pos < len(text) and text[pos] in _JSON_WS:
             pos += 1
@@ -273,7 +289,7 @@ def rounded_json_rows(table: pa.Table, data: bytes) -> dict[int, tuple[int, str]
         for row in dict.fromkeys(rows[hit].tolist()):
             suspects.setdefault(row, []).append(path)
     out: dict[int, tuple[int, str]] = {}
-    decoder = json.JSONDecoder(parse_int=_parse_int)
+    decoder = json.JSONDecoder(parse_int=parse_int)
     for row, paths in sorted(suspects.items()):  # parse those rows again
         lo = int(starts[row])
         end = int(starts[row + 1]) if row + 1 < starts.size else len(data)
@@ -281,8 +297,9 @@ def rounded_json_rows(table: pa.Table, data: bytes) -> dict[int, tuple[int, str]
         pos = len(text) - len(text.lstrip(_JSON_WS))
         try:
             obj, _ = decoder.raw_decode(text, pos)
-        except ValueError:
-            continue
+        except (ValueError, RecursionError):  # pyarrow read what Python does not
+            raise ValueError(f"row {row} holds a possibly rounded integer and does not "
+                             "parse again") from None
         for path in paths:
             value = _rounded_at(obj, path)
             if value is not None:
@@ -308,7 +325,7 @@ def rounded_csv_rows(
         ints = pc.fill_null(pc.match_substring_regex(values, r"^\s*[+-]?\d+\s*$"), False)
         for i in np.flatnonzero(ints.to_numpy(zero_copy_only=False)).tolist():
             row, raw = int(rows[i]), values[i].as_py()
-            value = _parse_int(raw)
+            value = parse_int(raw)
             if row not in out and rounded(value):
                 out[row] = (f"column {column_name((name,))!r} holds {shown(value)}", raw)
     return out

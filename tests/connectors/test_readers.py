@@ -151,6 +151,17 @@ def test_jsonl_records_are_numbered_alike_with_and_without_bad_records(ray_clust
     assert [(r["_sf_row"], r["_sf_raw"]) for r in marked if r["_sf_error"]] == [(3, b"not json")]
 
 
+def test_a_column_left_out_is_not_refused_for_what_it_holds(ray_cluster, base_uri):
+    """With ``columns=["a"]`` a rounded integer in column ``b`` failed the file,
+    though ``b`` is never read into the dataset."""
+    for name, body in (("left.jsonl", b'{"a":1,"b":9007199254740993}\n{"a":2,"b":1.5}\n'),
+                       ("left.csv", b"a,b\n1,9007199254740993\n2,1.5\n")):
+        uri = f"{base_uri}/{name}"
+        put_bytes(uri, body)
+        read = read_jsonl if name.endswith("jsonl") else read_csv
+        assert sorted(r["a"] for r in read(uri, columns=["a"]).take_all()) == [1, 2]
+
+
 def test_read_csv(ray_cluster, base_uri):
     put_bytes(f"{base_uri}/c/a.csv", b"id,name,score\n1,a,0.5\n2,b,1.5\n")
     rows = read_csv(f"{base_uri}/c", columns=["id", "score"]).take_all()

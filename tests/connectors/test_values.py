@@ -12,6 +12,7 @@ import io
 import re
 
 import pyarrow.json as pajson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -65,3 +66,20 @@ def test_floats_and_digits_in_strings_are_not_rounded_integers():
     data = (b'{"s":"9007199254740993","x":9007199254740993.0,"y":1e23,"id":1234567890123456789}\n'
             b'{"s":"a","x":1.5,"y":-9.007199254740993e15,"id":1}\n')
     assert _rounded(data) == {}
+
+
+def test_rows_are_found_for_objects_spread_over_lines_and_after_a_byte_order_mark():
+    """Counting lines is not counting records when an object spans lines: the
+    row of a rounded integer was looked up in another row's text and missed."""
+    data = b'{"x":\n1}\n{"c":1.5}{"c":9007199254740993}\n'
+    assert _rounded(data) == {2: "column 'c' holds the integer 9007199254740993"}
+    data = b'\xef\xbb\xbf{"a":9007199254740993}\n{"a":1.5}\n'
+    assert _rounded(data) == {0: "column 'a' holds the integer 9007199254740993"}
+
+
+def test_a_row_pyarrow_reads_and_python_does_not_is_refused_not_passed():
+    """pyarrow reads ``-NaN``; Python's parser does not. A row that may hold a
+    rounded integer and cannot be checked fails the file instead of passing."""
+    data = b'{"a":9007199254740993,"b":-NaN}\n{"a":1.5,"b":1}\n'
+    with pytest.raises(ValueError):
+        _rounded(data)
