@@ -273,8 +273,8 @@ class JsonlDatasource(_SlicefeedFileDatasource):
         except ValueError as e:  # records not found in the text: never guess
             raise BadRecordError(
                 f"{self._uri(path)}: has float64 values that may be rounded integers, and "
-                f"its records cannot be told apart to check them ({printable(str(e), 100)}); "
-                "write one JSON object per line.") from None
+                f"they cannot be checked ({printable(str(e), 100)}); write one JSON object "
+                "per line, in JSON Python's parser reads (not -NaN).") from None
         if hits:
             if self._mark_errors:
                 yield from self._mark_bad_lines(data, path, None)

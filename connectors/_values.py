@@ -97,7 +97,6 @@ def _byte_class(chars: bytes) -> np.ndarray:
 
 _FRACTION_OR_EXPONENT = _byte_class(b".eE")
 _EXPONENT = _byte_class(b"eE")
-_WHITESPACE = _byte_class(_JSON_WS.encode())
 
 
 def int_literals(data: bytes) -> tuple[np.ndarray, np.ndarray]:
