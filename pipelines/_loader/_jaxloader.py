@@ -200,7 +200,7 @@ class JaxLoader:
         if shares is not None and sum(shares) == 0:
             # Before the columns: a dataset committed empty may have no schema.
             raise SpecError(_plan.nothing_to_load(self.process_count, lb, opts.remainder,
-                                                  smallest_share=0))
+                                                  any_rows=False))
         specs = plan_columns(
             src.schema(),
             columns=list(opts.columns) if opts.columns is not None else None,
@@ -234,7 +234,7 @@ class JaxLoader:
         if shares is not None and self.steps_per_epoch == 0:
             raise SpecError(_plan.nothing_to_load(
                 self.process_count, lb, opts.remainder,
-                smallest_share=min(shares) if sum(shares) else 0))
+                any_rows=sum(shares) > 0, smallest_share=min(shares)))
         local_share = shares[self.process_index] if shares else None
         limit = None
         if self.steps_per_epoch is not None and local_share is not None:

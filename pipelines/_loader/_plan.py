@@ -40,17 +40,17 @@ def nothing_to_load(
     local_batch_size: int,
     remainder: str,
     *,
-    smallest_share: int | None,
+    any_rows: bool,
+    smallest_share: int | None = None,
     epoch: int | None = None,
 ) -> str:
     """The one message for a source that gives no step, whether that is known at
     construction (row counts known) or only at the end of an epoch (unknown
-    counts): ``smallest_share`` is ``None`` or 0 when no host has a row; with
-    ``"drop"`` and rows somewhere it is the smallest host's share (-1: unknown)."""
+    counts, so ``smallest_share`` is None)."""
     where = "the source" if epoch is None else f"epoch {epoch} of the source"
-    if remainder == "drop" and smallest_share:
-        share = (f"the smallest host share has {smallest_share} rows, fewer than"
-                 if smallest_share > 0 else "a host's share has fewer rows than")
+    if remainder == "drop" and any_rows:
+        share = ("a host's share has fewer rows than" if smallest_share is None else
+                 f"the smallest host share has {smallest_share} rows, fewer than")
         return (f"JaxLoader: {where}: with remainder='drop' no full batch fits: {share} "
                 f"the local batch ({local_batch_size}); use a smaller global_batch_size "
                 "or remainder='pad'.")

@@ -207,9 +207,8 @@ class Producer:
         """The error for an epoch of no steps (a source of unknown row count): the
         same as a source of known counts gets at construction; without it an
         endless loader would run empty epochs forever."""
-        any_rows = any(h for h, _, _ in reports)
         return SpecError(_plan.nothing_to_load(len(reports), self.lb, self.remainder,
-                                               smallest_share=-1 if any_rows else 0,
+                                               any_rows=any(h for h, _, _ in reports),
                                                epoch=epoch))
 
     def _publish(self, error: BaseException) -> None:

@@ -258,3 +258,17 @@ def test_cut_spans_is_a_slice_of_the_delivery_stream(spans, a, b):
     cut = _plan.cut_spans(spans, a, b)
     assert _rows(cut) == rows[a:b]
     assert all(s.lo == 0 for s in cut if s.rng is None)  # unshuffled spans stay trimmed
+
+
+def test_nothing_to_load_tells_no_rows_from_a_host_without_a_full_batch():
+    """A host with no rows while another has some is "no full batch fits", not
+    "0 rows on all hosts"; both construction and an unknown-count epoch say it."""
+    shares = [0, 10]
+    assert _plan.steps_for(shares, 4, "drop") == 0
+    msg = _plan.nothing_to_load(2, 4, "drop", any_rows=sum(shares) > 0, smallest_share=min(shares))
+    assert "no full batch fits: the smallest host share has 0 rows, fewer than the local batch (4)" in msg
+    msg = _plan.nothing_to_load(2, 4, "drop", any_rows=True, epoch=3)
+    assert msg.startswith("JaxLoader: epoch 3 of the source: with remainder='drop' no full batch")
+    for remainder in ("drop", "pad"):
+        msg = _plan.nothing_to_load(2, 4, remainder, any_rows=False)
+        assert "has no rows (0 rows on all 2 host(s))" in msg
