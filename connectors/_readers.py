@@ -259,13 +259,13 @@ class JsonlDatasource(_SlicefeedFileDatasource):
             table.validate(full=True)
         except pa.ArrowInvalid as e:
             if self._mark_errors:
-                yield from self._mark_bad_lines(data, path, e)
+                yield from self._mark_bad_lines(data, path)
                 return
             raise _locate_bad_json_line(data, self._uri(path), e) from None
         kept = self._kept(table)
         if _values.too_deep(kept.schema):
             if self._mark_errors:
-                yield from self._mark_bad_lines(data, path, None)
+                yield from self._mark_bad_lines(data, path)
                 return
             raise _locate_bad_json_line(data, self._uri(path), None) from None
         try:
@@ -277,7 +277,7 @@ class JsonlDatasource(_SlicefeedFileDatasource):
                 "per line, in JSON Python's parser reads (not -NaN).") from None
         if hits:
             if self._mark_errors:
-                yield from self._mark_bad_lines(data, path, None)
+                yield from self._mark_bad_lines(data, path)
                 return
             row = min(hits)
             offset, why = hits[row]
@@ -287,7 +287,7 @@ class JsonlDatasource(_SlicefeedFileDatasource):
                 f"write such values as JSON strings. {_FIX_HINT}")
         yield self._finish(table, path, 0)
 
-    def _mark_bad_lines(self, data: bytes, path: str, err: Exception | None) -> Iterator[pa.Table]:
+    def _mark_bad_lines(self, data: bytes, path: str) -> Iterator[pa.Table]:
         """Good records as rows, bad ones as marked rows (error path only: a Python loop).
 
         Records and their row numbers are the fast path's (see
@@ -464,25 +464,27 @@ def _json_records(data: bytes) -> Iterator[tuple[int, bytes, dict | None, str | 
 
     while pos < len(text):
         for start, end, obj, error in _values.json_values(text, _DECODER, pos):
-            if isinstance(error, _DuplicateKey):  # the object's end, read without the check
+            if error is None:
+                raw = text[start:end].encode("utf-8", "surrogateescape")
+                try:
+                    raw.decode("utf-8")
+                    why = _check_record(obj)
+                except UnicodeDecodeError:
+                    why = "is not valid UTF-8"
+            elif isinstance(error, _DuplicateKey):  # the object's end, read without the check
                 try:
                     end = _PLAIN_DECODER.raw_decode(text, start)[1]
                 except ValueError:
                     pass
-            elif error is not None:  # up to the end of the line
+                raw = text[start:end].encode("utf-8", "surrogateescape")
+                why = f"writes the key {printable(error.args[0], 60)!r} twice in one object"
+            else:  # up to the end of the line
                 end = text.find("\n", start)
                 end = len(text) if end < 0 else end
-            raw = text[start:end].encode("utf-8", "surrogateescape")
-            if isinstance(error, _DuplicateKey):
-                why = f"writes the key {printable(error.args[0], 60)!r} twice in one object"
-            elif isinstance(error, RecursionError):
-                why = f"is nested too deep; {_values.DEPTH_ADVICE}"
-            elif error is not None:
-                why = f"is not valid JSON ({printable(str(error), 200)})"
-            elif raw.decode("utf-8", "replace").encode() != raw:
-                why = "is not valid UTF-8"
-            else:
-                why = _check_record(obj)
+                raw = text[start:end].encode("utf-8", "surrogateescape")
+                why = (f"is nested too deep; {_values.DEPTH_ADVICE}"
+                       if isinstance(error, RecursionError)
+                       else f"is not valid JSON ({printable(str(error), 200)})")
             yield line_at(start), raw, None if why else obj, why
             pos = end
             if error is not None:
