@@ -26,13 +26,39 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["FORMATS", "FileFormat", "format_of_path", "get_format"]
 
 
-def _parse_jsonl(data: bytes, options: Mapping[str, Any]) -> pa.Table:
+def read_json_text(data: bytes, schema: pa.Schema | None = None) -> pa.Table:
+    """JSON-lines ``data`` read by pyarrow, with the types of ``schema`` where given.
+
+    A record longer than pyarrow's block (1 MiB; blocks are parsed in
+    parallel) is refused as straddling two blocks: then the text is read again
+    as one block.
+
+    Raises:
+        pa.ArrowInvalid: pyarrow cannot read the text, or a record is JSON
+            ``null`` (pyarrow would read it as a row of nulls; see
+            :func:`slicefeed.connectors._values.null_record`). Callers find the
+            bad record by walking the text.
+    """
+    import pyarrow as pa
     import pyarrow.json as pajson
 
-    # One block of all the data: a line longer than pyarrow's default block
-    # (1 MiB) would otherwise be refused as straddling two blocks.
-    block = min(max(len(data) + 1, 1 << 20), (1 << 31) - 1)
-    return pajson.read_json(io.BytesIO(data), read_options=pajson.ReadOptions(block_size=block))
+    from slicefeed.connectors import _values
+
+    if _values.null_record(data):
+        raise pa.ArrowInvalid("a record is JSON null")
+    parse = pajson.ParseOptions(explicit_schema=schema) if schema is not None else None
+    try:
+        return pajson.read_json(io.BytesIO(data), parse_options=parse)
+    except pa.ArrowInvalid as e:
+        if "straddl" not in str(e):
+            raise
+    block = min(len(data) + 1, (1 << 31) - 1)
+    return pajson.read_json(io.BytesIO(data), read_options=pajson.ReadOptions(block_size=block),
+                            parse_options=parse)
+
+
+def _parse_jsonl(data: bytes, options: Mapping[str, Any]) -> pa.Table:
+    return read_json_text(data)
 
 
 def _parse_csv(data: bytes, options: Mapping[str, Any]) -> pa.Table:

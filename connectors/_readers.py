@@ -39,7 +39,7 @@ from slicefeed.connectors._errors import (
     SpecError,
     printable,
 )
-from slicefeed.connectors._formats import FORMATS, FileFormat, get_format
+from slicefeed.connectors._formats import FORMATS, FileFormat, get_format, read_json_text
 from slicefeed.connectors._fs import ResolvedPath, expand_paths, is_pattern, resolve_filesystem
 from slicefeed.connectors._names import ERROR_COLUMN, PROVENANCE_FILE, PROVENANCE_ROW, RAW_COLUMN
 from slicefeed.connectors._watch import watching
@@ -249,11 +249,9 @@ class JsonlDatasource(_SlicefeedFileDatasource):
     _FORMAT = "JSONL"
 
     def _read_file(self, f: pa.NativeFile, path: str) -> Iterator[pa.Table]:
-        import pyarrow.json as pajson
-
         data = f.readall()
         try:
-            table = pajson.read_json(io.BytesIO(data))
+            table = read_json_text(data)
             # pyarrow's JSON reader keeps invalid UTF-8 in string values; such a
             # line is a bad record (found line by line below), never committed.
             table.validate(full=True)
@@ -349,11 +347,8 @@ def _read_json_lines(
     that do not fit are found by bisection (``O(k log n)`` reads for ``k`` bad
     lines) and returned as ``(row, reason, raw line)``.
     """
-    import pyarrow.json as pajson
-
     def read(chunk: list[bytes], schema: pa.Schema | None = None) -> pa.Table:
-        opts = pajson.ParseOptions(explicit_schema=schema) if schema is not None else None
-        return pajson.read_json(io.BytesIO(b"\n".join(chunk)), parse_options=opts)
+        return read_json_text(b"\n".join(chunk), schema)
 
     try:
         return read(lines), np.asarray(rows, dtype=np.int64), []
@@ -433,7 +428,9 @@ _PLAIN_DECODER = json.JSONDecoder()
 def _check_record(obj: object) -> str | None:
     """Why a parsed JSON value is not a record slicefeed can keep, or None."""
     if not isinstance(obj, dict):
-        return f"is a JSON {type(obj).__name__}, expected an object"
+        kind = {type(None): "null", bool: "boolean", list: "array", str: "string"}.get(
+            type(obj), "number")
+        return f"is JSON {kind}, expected an object"
     for key, value in obj.items():
         levels = _values.json_nesting(value)
         if levels > _values.MAX_NESTING:

@@ -1,5 +1,6 @@
 """Values pyarrow's text readers would change, or could not commit, found before
-they are kept: integers float64 would round, and values nested too deep.
+they are kept: integers float64 would round, values nested too deep, and JSON
+``null`` records.
 
 pyarrow's JSON and CSV readers type a column from its values: a column holding
 an integer beyond the int64 range, or integers next to fractions, becomes
@@ -19,6 +20,7 @@ passes.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -254,6 +256,29 @@ def json_values(
             return
         yield pos, end, value, None
         pos = end
+
+
+# `null` as a record is first in the text or follows a record's closing brace;
+# elsewhere outside a string it is a value, or not JSON at all.
+_NULL_AFTER_RECORD = re.compile(rb"\}[ \t\r\n]*null")
+_PLAIN = json.JSONDecoder()
+
+
+def null_record(data: bytes) -> bool:
+    """Whether a record of JSON-lines ``data`` is JSON ``null``.
+
+    pyarrow reads such a record as a row of nulls in every column, and one that
+    comes first crashes its reader (a segmentation fault), so it must be found
+    before pyarrow reads the text. Candidates are found with one regular
+    expression search (a literal-led pattern: a fast scan); only text with one
+    is walked in Python, to tell a record from ``} null`` inside a string.
+    """
+    body = data[3:] if data.startswith(b"\xef\xbb\xbf") else data
+    first = body[: len(body) - len(body.lstrip(b" \t\r\n")) + 4].lstrip(b" \t\r\n")
+    if first != b"null" and _NULL_AFTER_RECORD.search(body) is None:
+        return False
+    text = body.decode("utf-8", "surrogateescape")
+    return any(error is None and value is None for _, _, value, error in json_values(text, _PLAIN))
 
 
 def rounded_json_rows(table: pa.Table, data: bytes) -> dict[int, tuple[int, str]]:

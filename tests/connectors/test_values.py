@@ -83,3 +83,20 @@ def test_a_row_pyarrow_reads_and_python_does_not_is_refused_not_passed():
     data = b'{"a":9007199254740993,"b":-NaN}\n{"a":1.5,"b":1}\n'
     with pytest.raises(ValueError):
         _rounded(data)
+
+
+@pytest.mark.parametrize("data, expected", [
+    (b'{"a": 1}\nnull\n', True),
+    (b"\xef\xbb\xbf  null\n", True),            # first, after a byte-order mark
+    (b'{"a": 1} null\n', True),                 # after an object on the same line
+    (b'{"a": 1}\r\n\t null \r\n{"a": 2}', True),
+    (b'{"a": null}\n{"a": [null, {"b": null}]}\n', False),  # values, not records
+    (b'{"a": "} null"}\n{"a": "x}\\nnull"}\n', False),       # inside strings
+    (b"", False),
+])
+def test_null_record_is_found_and_null_values_are_not(data, expected):
+    """pyarrow reads a `null` record as a row of nulls (and crashes on one that
+    comes first), so it must be found in the text before pyarrow reads it."""
+    assert _values.null_record(data) is expected
+    if not expected and data.strip():
+        assert pajson.read_json(io.BytesIO(data)).num_rows == 2

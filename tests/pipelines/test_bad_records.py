@@ -71,7 +71,7 @@ def _jsonl_corpus(base: str) -> dict:
         "transforms": [{"cast": {"columns": {"id": "int32", "score": "int32"}}}],
         "read": 15, "written": 12, "bad": 3,
         "bad_files": {"b.jsonl"},
-        "reasons": ["line 2 is not valid JSON", "line 3 is a JSON list, expected an object",
+        "reasons": ["line 2 is not valid JSON", "line 3 is JSON array, expected an object",
                     "Cast: value in column 'score' cannot be cast to int32"],
         "raw": {b'{"id": 11, "score": "2", "te', b"[1, 2, 3]"},
     }
@@ -271,7 +271,7 @@ def test_bad_first_file_does_not_stop_the_schema_check(local_dir, policy):
                                    "transforms": [{"cast": {"columns": {"score": "int32"}}}]},
                        on_error=policy))
     assert p.check().field("score").type == pa.int32()
-    with pytest.raises(Exception, match=r"a\.jsonl: line 1 \(row 0\) is a JSON list"):
+    with pytest.raises(Exception, match=r"a\.jsonl: line 1 \(row 0\) is JSON array"):
         Pipeline(_spec(local_dir, {"source": {"format": "jsonl", "uri": f"{local_dir}/raw"},
                                    "transforms": []}, on_error="fail")).check()
     put_bytes(f"{local_dir}/pq/a.parquet", b"garbage")

@@ -182,6 +182,49 @@ def test_integer_float64_would_round_is_a_bad_record(ray_cluster, local_dir, fmt
 
 
 @pytest.mark.slow
+def test_jsonl_null_record_is_a_bad_record(ray_cluster, local_dir):
+    """A line holding JSON `null` was committed as a row of nulls with the run
+    green, and as the first line of a file it crashed the reading worker
+    (pyarrow's JSON reader segfaults on it). Both are bad records naming the
+    line; `null` as a value, or inside a string after a `}`, is data."""
+    from slicefeed.connectors import BadRecordError
+
+    lines = [json.dumps({"id": i, "note": None if i % 2 else f"x}} null {i}"}).encode()
+             for i in range(20)]
+    lines[5] = b"  null "
+    put_bytes(f"{local_dir}/raw/a.jsonl", b"\n".join(lines) + b"\n")
+    put_bytes(f"{local_dir}/raw/b.jsonl", b"null\r\n" + json.dumps({"id": 20, "note": "y"}).encode())
+    with pytest.raises(BadRecordError, match=r"a\.jsonl: line 6 \(row 5\) is JSON null, "
+                                             r"expected an object"):
+        Pipeline(_spec(local_dir, "jsonl", on_error="fail")).run()
+    assert not is_committed(f"{local_dir}/out")
+    report = Pipeline(_spec(local_dir, "jsonl", on_error="quarantine", max_error_fraction=0.2)).run()
+    assert (report.rows_written, report.rows_quarantined) == (20, 2)
+    rows = sorted(read_dataset(f"{local_dir}/out").take_all(), key=lambda r: r["id"])
+    assert [r["id"] for r in rows] == [i for i in range(21) if i != 5]
+    assert rows[0]["note"] == "x} null 0" and rows[1]["note"] is None
+    recs = sorted(_quarantined(f"{local_dir}/out"), key=lambda r: r["_sf_error"])
+    assert [(r["_sf_row"], r["_sf_raw"]) for r in recs] == [(5, b"null"), (0, b"null")]
+    assert "a.jsonl: line 6 is JSON null" in recs[0]["_sf_error"]
+    assert "b.jsonl: line 1 is JSON null" in recs[1]["_sf_error"]
+
+
+@pytest.mark.slow
+def test_jsonl_record_longer_than_a_mib_is_read(ray_cluster, local_dir):
+    """pyarrow's JSON reader refuses a record longer than its 1 MiB block
+    ("straddles two block boundaries"): a valid file failed the run under
+    `fail`, and its long record was quarantined under `quarantine`."""
+    lines = [json.dumps({"id": i, "text": "x" * ((3 << 20) if i == 2 else 10)}).encode()
+             for i in range(5)]
+    put_bytes(f"{local_dir}/raw/a.jsonl", b"\n".join(lines) + b"\n")
+    for on_error in ("fail", "quarantine"):
+        report = Pipeline(_spec(local_dir, "jsonl", on_error=on_error)).run(overwrite=True)
+        assert (report.rows_written, report.rows_quarantined) == (5, 0)
+    rows = sorted(read_dataset(f"{local_dir}/out").take_all(), key=lambda r: r["id"])
+    assert [len(r["text"]) for r in rows] == [10, 10, 3 << 20, 10, 10]
+
+
+@pytest.mark.slow
 def test_jsonl_value_nested_too_deep_is_a_bad_record(ray_cluster, local_dir):
     """A value 40 levels deep was committed as a dataset no Parquet reader could
     open ("schema too deeply nested"); 5000 levels failed the run at commit with
