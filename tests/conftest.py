@@ -38,6 +38,14 @@ def pytest_sessionfinish(session, exitstatus):
         _EMULATOR.stop()
 
 
+def pytest_collection_modifyitems(config, items):
+    # The simulated slice cluster (``slice_cluster``, session-scoped: about
+    # 30 Ray processes) lives from the first slice test to the end of the
+    # session; running the slice tests last keeps it from taking CPU from
+    # every test collected after the first of them.
+    items.sort(key=lambda item: item.get_closest_marker("slice") is not None)
+
+
 @pytest.fixture(scope="session")
 def gcs() -> GCSEmulator:
     """The session's GCS emulator server."""
