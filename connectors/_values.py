@@ -260,6 +260,7 @@ def json_values(
 
 # `null` as a record is first in the text or follows a record's closing brace;
 # elsewhere outside a string it is a value, or not JSON at all.
+_NULL_FIRST = re.compile(rb"(?:\xef\xbb\xbf)?[ \t\r\n]*null")
 _NULL_AFTER_RECORD = re.compile(rb"\}[ \t\r\n]*null")
 _PLAIN = json.JSONDecoder()
 
@@ -273,12 +274,12 @@ def null_record(data: bytes) -> bool:
     expression search (a literal-led pattern: a fast scan); only text with one
     is walked in Python, to tell a record from ``} null`` inside a string.
     """
-    body = data[3:] if data.startswith(b"\xef\xbb\xbf") else data
-    first = body[: len(body) - len(body.lstrip(b" \t\r\n")) + 4].lstrip(b" \t\r\n")
-    if first != b"null" and _NULL_AFTER_RECORD.search(body) is None:
+    if _NULL_FIRST.match(data) is None and _NULL_AFTER_RECORD.search(data) is None:
         return False
-    text = body.decode("utf-8", "surrogateescape")
-    return any(error is None and value is None for _, _, value, error in json_values(text, _PLAIN))
+    text = data.decode("utf-8", "surrogateescape")
+    start = 1 if text.startswith("\ufeff") else 0
+    return any(error is None and value is None
+               for _, _, value, error in json_values(text, _PLAIN, start))
 
 
 def rounded_json_rows(table: pa.Table, data: bytes) -> dict[int, tuple[int, str]]:
