@@ -574,11 +574,12 @@ class CsvDatasource(_SlicefeedFileDatasource):
         self, table: pa.Table, path: str, rows: np.ndarray, data: bytes, as_text: Any
     ) -> Iterator[pa.Table]:
         """``table`` (file rows ``rows``) with its text columns as strings and
-        no rounded integer. pyarrow's CSV reader makes a column holding invalid
+        no value float64 changed. pyarrow's CSV reader makes a column holding invalid
         UTF-8 ``binary`` (a CSV has no binary columns), and a column holding an
         integer beyond int64, or fractions, float64: each record with invalid
-        UTF-8 (raw bytes: the value) or with an integer float64 would round is
-        a bad record, and a binary column becomes ``string`` again.
+        UTF-8 (raw bytes: the value), with an integer float64 would round, or
+        with a number beyond float64's range (made infinite) is a bad record,
+        and a binary column becomes ``string`` again.
         ``data`` is the file's text and ``as_text(names)`` re-reads columns as
         strings (see :func:`_csv_text`)."""
         # A header naming a kept column twice is the file's error, before any record's.
@@ -587,8 +588,8 @@ class CsvDatasource(_SlicefeedFileDatasource):
         binary = [i for i, f in enumerate(table.schema) if pa.types.is_binary(f.type)]
         bad: dict[int, tuple[str, bytes]] = {}  # error path only: a Python loop
         for i, (why, text) in _values.rounded_csv_rows(self._kept(table), data, as_text).items():
-            bad[i] = ((f"row {int(rows[i])}: {why}, which {_values.ADVICE}; keep such values "
-                      "out of numeric columns (a CSV column is typed from its values)"),
+            bad[i] = ((f"row {int(rows[i])}: {why}; keep such values out of numeric "
+                       "columns (a CSV column is typed from its values)"),
                       text.encode())
         if not binary and not bad:
             yield self._finish(table, path, 0, rows=rows)

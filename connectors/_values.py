@@ -1,6 +1,6 @@
 """Values pyarrow's text readers would change, or could not commit, found before
-they are kept: integers float64 would round, values nested too deep, and JSON
-``null`` records.
+they are kept: integers float64 would round, CSV numbers beyond float64's range
+(pyarrow makes them infinite), values nested too deep, and JSON ``null`` records.
 
 pyarrow's JSON and CSV readers type a column from its values: a column holding
 an integer beyond the int64 range, or integers next to fractions, becomes
@@ -336,23 +336,37 @@ def rounded_json_rows(table: pa.Table, data: bytes) -> dict[int, tuple[int, str]
 def rounded_csv_rows(
     table: pa.Table, data: bytes, as_text: Callable[[list[str]], pa.Table]
 ) -> dict[int, tuple[str, str]]:
-    """Row -> (``"column 'x' holds the integer N"``, the value's text) for each
-    row of a CSV ``table`` (read from ``data``) with an integer float64 rounded;
+    """Row -> (why, the value's text) for each row of a CSV ``table`` (read
+    from ``data``) with a value float64 changed: an integer it rounded
+    (``"column 'x' holds the integer N, which " + ADVICE``) or a number beyond
+    its range that became infinite (``1e400``; ``inf`` as written is kept).
     ``as_text(names)`` re-reads those columns of the same records as strings."""
-    found = candidates(table)
-    if not found or not int_literals(data)[0].size:
+    found = candidates(table)  # infinities are integral and beyond 2**53: among them
+    infinite = [bool(np.isinf(magnitudes).any()) for _, _, magnitudes in found]
+    if not any(infinite) and (not found or not int_literals(data)[0].size):
         return {}
     names = sorted({path[0] for path, _, _ in found})
     text = as_text(names)
     out: dict[int, tuple[str, str]] = {}
-    for (name, *_), rows, _ in found:  # CSV columns are flat: one leaf per column
+    for ((name, *_), rows, magnitudes), inf in zip(found, infinite):
+        # CSV columns are flat: one leaf per column
         values = text.column(name).take(pa.array(rows))
+        column = column_name((name,))
         ints = pc.fill_null(pc.match_substring_regex(values, r"^\s*[+-]?\d+\s*$"), False)
         for i in np.flatnonzero(ints.to_numpy(zero_copy_only=False)).tolist():
             row, raw = int(rows[i]), values[i].as_py()
             value = parse_int(raw)
             if row not in out and rounded(value):
-                out[row] = (f"column {column_name((name,))!r} holds {shown(value)}", raw)
+                out[row] = (f"column {column!r} holds {shown(value)}, which {ADVICE}", raw)
+        if inf:
+            spelled = pc.match_substring_regex(values, r"^\s*[+-]?(?i:inf|infinity)\s*$")
+            over = np.isinf(magnitudes) & ~pc.fill_null(spelled, False).to_numpy(
+                zero_copy_only=False)
+            for i in np.flatnonzero(over).tolist():
+                row, raw = int(rows[i]), values[i].as_py()
+                why = (f"column {column!r} holds {printable(raw.strip(), 40)}, beyond the "
+                       "range of float64, which would make it infinite")
+                out.setdefault(row, (why, raw))
     return out
 
 

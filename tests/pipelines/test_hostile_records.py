@@ -182,6 +182,29 @@ def test_integer_float64_would_round_is_a_bad_record(ray_cluster, local_dir, fmt
 
 
 @pytest.mark.slow
+def test_csv_number_beyond_float64_is_a_bad_record(ray_cluster, local_dir):
+    """pyarrow's CSV reader makes 1e400 infinite: it was committed as inf with
+    the run green. Now it is a bad record naming the row and column; `inf` and
+    `-Infinity` as written, and the largest finite float64, arrive as written."""
+    from slicefeed.connectors import BadRecordError
+
+    values = ["1.5", "inf", "-Infinity", "1.7976931348623157e308", "2.5"] * 4
+    values[13] = "-1E400"
+    body = "id,x\n" + "".join(f"{i},{v}\n" for i, v in enumerate(values))
+    put_bytes(f"{local_dir}/raw/a.csv", body.encode())
+    with pytest.raises(BadRecordError, match=r"a\.csv: row 13: column 'x' holds -1E400, beyond the "
+                                             r"range of float64"):
+        Pipeline(_spec(local_dir, "csv", on_error="fail")).run()
+    assert not is_committed(f"{local_dir}/out")
+    report = Pipeline(_spec(local_dir, "csv", on_error="quarantine", max_error_fraction=0.1)).run()
+    assert (report.rows_written, report.rows_quarantined) == (19, 1)
+    rows = sorted(read_dataset(f"{local_dir}/out").take_all(), key=lambda r: r["id"])
+    assert [r["x"] for r in rows] == [float(v) for i, v in enumerate(values) if i != 13]
+    (rec,) = _quarantined(f"{local_dir}/out")
+    assert rec["_sf_row"] == 13 and rec["_sf_raw"] == b"-1E400"
+
+
+@pytest.mark.slow
 def test_jsonl_null_record_is_a_bad_record(ray_cluster, local_dir):
     """A line holding JSON `null` was committed as a row of nulls with the run
     green, and as the first line of a file it crashed the reading worker
