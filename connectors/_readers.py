@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -421,7 +422,19 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
     return obj
 
 
-_DECODER = json.JSONDecoder(object_pairs_hook=_unique_keys, parse_int=_values.parse_int)
+class _TooBig(ValueError):
+    pass
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):  # pyarrow refuses it ("Number too big"); Python makes it inf
+        raise _TooBig(text)
+    return value
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_unique_keys, parse_int=_values.parse_int,
+                            parse_float=_finite)
 _PLAIN_DECODER = json.JSONDecoder()
 
 
@@ -468,13 +481,16 @@ def _json_records(data: bytes) -> Iterator[tuple[int, bytes, dict | None, str | 
                     why = _check_record(obj)
                 except UnicodeDecodeError:
                     why = "is not valid UTF-8"
-            elif isinstance(error, _DuplicateKey):  # the object's end, read without the check
+            elif isinstance(error, (_DuplicateKey, _TooBig)):  # its end, read without the check
                 try:
                     end = _PLAIN_DECODER.raw_decode(text, start)[1]
                 except ValueError:
                     pass
                 raw = text[start:end].encode("utf-8", "surrogateescape")
-                why = f"writes the key {printable(error.args[0], 60)!r} twice in one object"
+                why = (f"writes the key {printable(error.args[0], 60)!r} twice in one object"
+                       if isinstance(error, _DuplicateKey) else
+                       f"holds the number {printable(error.args[0], 40)}, beyond the range of "
+                       "float64")
             else:  # up to the end of the line
                 end = text.find("\n", start)
                 end = len(text) if end < 0 else end

@@ -205,6 +205,26 @@ def test_csv_number_beyond_float64_is_a_bad_record(ray_cluster, local_dir):
 
 
 @pytest.mark.slow
+def test_jsonl_number_beyond_float64_is_one_bad_record(ray_cluster, local_dir):
+    """pyarrow refuses a JSON number beyond float64's range ("Number too big"):
+    the run failed with "cannot be read as JSON lines", and under quarantine the
+    record was blamed for not matching the types of earlier lines. It is a bad
+    record saying what it holds."""
+    from slicefeed.connectors import BadRecordError
+
+    lines = [json.dumps({"id": i, "x": i + 0.5}).encode() for i in range(10)]
+    lines[2] = b'{"id": 2, "x": -1E400}'
+    put_bytes(f"{local_dir}/raw/a.jsonl", b"\n".join(lines) + b"\n")
+    with pytest.raises(BadRecordError, match=r"a\.jsonl: line 3 \(row 2\) holds the number -1E400, "
+                                             r"beyond the range of float64"):
+        Pipeline(_spec(local_dir, "jsonl", on_error="fail")).run()
+    report = Pipeline(_spec(local_dir, "jsonl", on_error="quarantine", max_error_fraction=0.2)).run()
+    assert (report.rows_written, report.rows_quarantined) == (9, 1)
+    (rec,) = _quarantined(f"{local_dir}/out")
+    assert rec["_sf_raw"] == lines[2] and "line 3 holds the number -1E400" in rec["_sf_error"]
+
+
+@pytest.mark.slow
 def test_jsonl_null_record_is_a_bad_record(ray_cluster, local_dir):
     """A line holding JSON `null` was committed as a row of nulls with the run
     green, and as the first line of a file it crashed the reading worker
