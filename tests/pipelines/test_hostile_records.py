@@ -357,6 +357,18 @@ def test_csv_header_naming_a_column_twice_is_refused(ray_cluster, local_dir):
     assert r.returncode == 2 and "column 'id' appears twice" in r.stderr, r.stderr[-2000:]
 
 
+def test_validate_names_a_null_first_record_instead_of_crashing(local_dir):
+    """`slicefeed validate` peeks the first file's schema with pyarrow, which
+    segfaulted on a first record `null` (exit -11, no message)."""
+    put_bytes(f"{local_dir}/raw/a.jsonl", b'null\n{"id": 1}\n')
+    spec_path = os.path.join(local_dir, "s.json")
+    with open(spec_path, "w") as f:
+        json.dump(_spec(local_dir, "jsonl", on_error="fail"), f)
+    r = _slicefeed("validate", spec_path)
+    assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
+    assert "a.jsonl: line 1 (row 0) is JSON null, expected an object" in r.stderr
+
+
 def test_jsonl_first_line_longer_than_the_schema_peek_is_read(local_dir):
     """The schema is peeked from the first MiB of the first file; a first line
     longer than that is read to its end instead of refused as invalid JSON."""
