@@ -46,15 +46,44 @@ def read_json_text(data: bytes, schema: pa.Schema | None = None) -> pa.Table:
 
     if _values.null_record(data):
         raise pa.ArrowInvalid("a record is JSON null")
-    parse = pajson.ParseOptions(explicit_schema=schema) if schema is not None else None
-    try:
-        return pajson.read_json(io.BytesIO(data), parse_options=parse)
-    except pa.ArrowInvalid as e:
-        if "straddl" not in str(e):
-            raise
-    block = min(len(data) + 1, (1 << 31) - 1)
-    return pajson.read_json(io.BytesIO(data), read_options=pajson.ReadOptions(block_size=block),
-                            parse_options=parse)
+    def read(schema: pa.Schema | None) -> pa.Table:
+        parse = pajson.ParseOptions(explicit_schema=schema) if schema is not None else None
+        try:
+            return pajson.read_json(io.BytesIO(data), parse_options=parse)
+        except pa.ArrowInvalid as e:
+            if "straddl" not in str(e):
+                raise
+        block = min(len(data) + 1, (1 << 31) - 1)
+        return pajson.read_json(
+            io.BytesIO(data), read_options=pajson.ReadOptions(block_size=block), parse_options=parse)
+
+    table = read(schema)
+    # pyarrow types a string that looks like a time as a timestamp ("2024-01-01"
+    # becomes midnight, "10:00:00+05:00" a naive 05:00): a JSON string is kept
+    # as the string it is; `cast` makes it a timestamp where wanted.
+    if any(_values.nesting(f.type) <= _values.MAX_NESTING and _has_timestamp(f.type)
+           for f in table.schema):
+        table = read(pa.schema([f.with_type(_timestamps_as_strings(f.type))
+                                if _values.nesting(f.type) <= _values.MAX_NESTING else f
+                                for f in table.schema]))
+    return table
+
+
+def _has_timestamp(t: pa.DataType) -> bool:
+    return _timestamps_as_strings(t) != t
+
+
+def _timestamps_as_strings(t: pa.DataType) -> pa.DataType:
+    """``t`` with every timestamp (at any level of lists and structs) a string."""
+    import pyarrow as pa
+
+    if pa.types.is_timestamp(t):
+        return pa.string()
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_timestamps_as_strings(f.type)) for f in t])
+    if pa.types.is_list(t):
+        return pa.list_(t.value_field.with_type(_timestamps_as_strings(t.value_type)))
+    return t
 
 
 def _parse_jsonl(data: bytes, options: Mapping[str, Any]) -> pa.Table:

@@ -225,6 +225,28 @@ def test_jsonl_number_beyond_float64_is_one_bad_record(ray_cluster, local_dir):
 
 
 @pytest.mark.slow
+def test_jsonl_strings_that_look_like_times_arrive_as_written(ray_cluster, local_dir):
+    """pyarrow's JSON reader typed strings that look like times as timestamps:
+    "2024-01-01" arrived as midnight and "2024-01-01T10:00:00+05:00" as a naive
+    05:00, the offset lost. JSON strings arrive as the strings they are, nested
+    ones included; `cast` makes a timestamp where one is wanted."""
+    rows = [{"id": i, "day": f"2024-01-{i + 1:02d}", "at": f"2024-01-01T10:00:0{i}+05:00",
+             "n": {"seen": [f"2024-02-0{i + 1} 08:30:00"]}} for i in range(3)]
+    put_bytes(f"{local_dir}/raw/a.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
+    spec = _spec(local_dir, "jsonl", on_error="fail",
+                 transforms=[{"cast": {"columns": {"id": "int64"}}}])
+    Pipeline(spec).run()
+    got = sorted(read_dataset(f"{local_dir}/out").take_all(), key=lambda r: r["id"])
+    assert got == rows
+    spec["transforms"] = [{"cast": {"columns": {"day": "timestamp[s]"}}}]
+    Pipeline(spec).run(overwrite=True)
+    import datetime
+
+    got = sorted(read_dataset(f"{local_dir}/out").take_all(), key=lambda r: r["id"])
+    assert [r["day"] for r in got] == [datetime.datetime(2024, 1, i + 1) for i in range(3)]
+
+
+@pytest.mark.slow
 def test_jsonl_null_record_is_a_bad_record(ray_cluster, local_dir):
     """A line holding JSON `null` was committed as a row of nulls with the run
     green, and as the first line of a file it crashed the reading worker
