@@ -46,6 +46,7 @@ def read_json_text(data: bytes, schema: pa.Schema | None = None) -> pa.Table:
 
     if _values.null_record(data):
         raise pa.ArrowInvalid("a record is JSON null")
+
     def read(schema: pa.Schema | None) -> pa.Table:
         parse = pajson.ParseOptions(explicit_schema=schema) if schema is not None else None
         try:
