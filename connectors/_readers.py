@@ -271,9 +271,10 @@ class JsonlDatasource(_SlicefeedFileDatasource):
             hits = _values.rounded_json_rows(kept, data)
         except ValueError as e:  # records not found in the text: never guess
             raise BadRecordError(
-                f"{self._uri(path)}: has float64 values that may be rounded integers, and "
-                f"they cannot be checked ({printable(str(e), 100)}); write one JSON object "
-                "per line, in JSON Python's parser reads (not -NaN).") from None
+                f"{self._uri(path)}: has float64 values pyarrow may have changed (rounded "
+                "integers, or numbers beyond float64's range made infinite), and they cannot "
+                f"be checked ({printable(str(e), 100)}); write one JSON object per line, in "
+                "standard JSON (not Inf or -NaN).") from None
         if hits:
             if self._mark_errors:
                 yield from self._mark_bad_lines(data, path)
@@ -282,7 +283,7 @@ class JsonlDatasource(_SlicefeedFileDatasource):
             offset, why = hits[row]
             line = data.count(b"\n", 0, offset) + 1
             raise BadRecordError(
-                f"{self._uri(path)}: line {line} (row {row}): {why}, which {_values.ADVICE}; "
+                f"{self._uri(path)}: line {line} (row {row}): {why}; "
                 f"write such values as JSON strings. {_FIX_HINT}")
         yield self._finish(table, path, 0)
 
@@ -323,7 +324,7 @@ class JsonlDatasource(_SlicefeedFileDatasource):
             drop = {at[int(rows[k])]: why for k, (_, why) in hits.items()}
             for i, why in sorted(drop.items()):
                 bad_rows.append(good_rows[i])
-                reasons.append(f"line {linenos[i]}: {why}, which {_values.ADVICE}")
+                reasons.append(f"line {linenos[i]}: {why}")
                 raw.append(good[i])
             good, good_rows, objs, linenos = (
                 [v for i, v in enumerate(x) if i not in drop]

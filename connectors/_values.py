@@ -179,10 +179,11 @@ def column_name(path: Path) -> str:
     return printable(out, 80)
 
 
-def _rounded_at(value: object, path: Path) -> int | None:
-    """The first integer under ``path`` in a parsed JSON value that float64 rounds."""
+def _rounded_at(value: object, path: Path) -> int | float | None:
+    """The first integer under ``path`` in a parsed JSON value that float64
+    rounds, or number literal it cannot hold (an ``_Overflow``)."""
     if not path:
-        return value if rounded(value) else None  # type: ignore[return-value]
+        return value if rounded(value) or isinstance(value, _Overflow) else None  # type: ignore[return-value]
     key, rest = path[0], path[1:]
     if key is None:
         for item in value if isinstance(value, list) else ():
@@ -273,48 +274,72 @@ def null_record(data: bytes) -> bool:
     before pyarrow reads the text. Candidates are found with one regular
     expression search (a literal-led pattern: a fast scan); only text with one
     is walked in Python, to tell a record from ``} null`` inside a string.
+    Where Python's parser stops before the end (pyarrow also reads ``Inf``,
+    ``-NaN``, deeper nesting and longer integers), what follows cannot be told
+    apart, so the answer is yes: the caller's bad-record walk decides.
     """
     if _NULL_FIRST.match(data) is None and _NULL_AFTER_RECORD.search(data) is None:
         return False
     text = data.decode("utf-8", "surrogateescape")
     start = 1 if text.startswith("\ufeff") else 0
-    return any(error is None and value is None
+    return any(error is not None or value is None
                for _, _, value, error in json_values(text, _PLAIN, start))
 
 
+class _Overflow(float):
+    """A JSON number literal float64 cannot hold (it became infinite)."""
+
+    text = ""
+
+
+def _overflow(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        value = _Overflow(value)
+        value.text = text
+    return value
+
+
 def rounded_json_rows(table: pa.Table, data: bytes) -> dict[int, tuple[int, str]]:
-    """Row -> (byte offset of its record, ``"column 'x' holds the integer N"``)
-    for each row of ``table`` (read by pyarrow from JSON lines ``data``) with an
-    integer float64 rounded.
+    """Row -> (byte offset of its record, why) for each row of ``table`` (read
+    by pyarrow from JSON lines ``data``) with a value float64 changed: an
+    integer it rounded (``"column 'x' holds the integer N, which " + ADVICE``),
+    or a number literal beyond its range that pyarrow made infinite
+    (``1.8e308``; ``Infinity`` as written is kept).
 
     A row is parsed again only if an integer literal in its text has the
-    float64 value of one of its candidates; everything before is vectorised.
+    float64 value of one of its candidates, or it holds an infinity;
+    everything before is vectorised.
 
     Raises:
         ValueError: there are candidates, but the records cannot be found in the
             text (the caller refuses the file rather than guess).
     """
-    found = candidates(table)
+    found = candidates(table)  # infinities are integral and beyond 2**53: among them
     if not found:
         return {}
-    lo_tok, hi_tok = int_literals(data)
-    if not lo_tok.size:
-        return {}
-    starts = _record_starts(data, table.num_rows)
-    token_rows = np.searchsorted(starts, lo_tok, side="right") - 1
-    token_values = np.abs(np.fromiter(
-        (float(data[lo:hi]) for lo, hi in zip(lo_tok.tolist(), hi_tok.tolist())),
-        np.float64, lo_tok.size))
-    tokens = np.sort(_pairs(token_rows, token_values))
     suspects: dict[int, list[Path]] = {}
     for path, rows, magnitudes in found:
-        keys = _pairs(rows, magnitudes)
-        at = np.minimum(np.searchsorted(tokens, keys), tokens.size - 1)
-        hit = tokens[at] == keys
-        for row in dict.fromkeys(rows[hit].tolist()):
+        for row in dict.fromkeys(rows[np.isinf(magnitudes)].tolist()):
             suspects.setdefault(row, []).append(path)
+    lo_tok, hi_tok = int_literals(data)
+    if not lo_tok.size and not suspects:
+        return {}
+    starts = _record_starts(data, table.num_rows)
+    if lo_tok.size:
+        token_rows = np.searchsorted(starts, lo_tok, side="right") - 1
+        token_values = np.abs(np.fromiter(
+            (float(data[lo:hi]) for lo, hi in zip(lo_tok.tolist(), hi_tok.tolist())),
+            np.float64, lo_tok.size))
+        tokens = np.sort(_pairs(token_rows, token_values))
+        for path, rows, magnitudes in found:
+            keys = _pairs(rows, magnitudes)
+            at = np.minimum(np.searchsorted(tokens, keys), tokens.size - 1)
+            hit = tokens[at] == keys
+            for row in dict.fromkeys(rows[hit].tolist()):
+                suspects.setdefault(row, []).append(path)
     out: dict[int, tuple[int, str]] = {}
-    decoder = json.JSONDecoder(parse_int=parse_int)
+    decoder = json.JSONDecoder(parse_int=parse_int, parse_float=_overflow)
     for row, paths in sorted(suspects.items()):  # parse those rows again
         lo = int(starts[row])
         end = int(starts[row + 1]) if row + 1 < starts.size else len(data)
@@ -323,13 +348,19 @@ def rounded_json_rows(table: pa.Table, data: bytes) -> dict[int, tuple[int, str]
         try:
             obj, _ = decoder.raw_decode(text, pos)
         except (ValueError, RecursionError):  # pyarrow read what Python does not
-            raise ValueError(f"row {row} holds a possibly rounded integer and does not "
+            raise ValueError(f"row {row} holds a possibly changed number and does not "
                              "parse again") from None
         for path in paths:
             value = _rounded_at(obj, path)
-            if value is not None:
-                out[row] = (lo, f"column {column_name(path)!r} holds {shown(value)}")
-                break
+            if value is None:
+                continue
+            column = column_name(path)
+            why = (f"column {column!r} holds {printable(value.text, 40)}, beyond the range "
+                   "of float64, which would make it infinite"
+                   if isinstance(value, _Overflow) else
+                   f"column {column!r} holds {shown(value)}, which {ADVICE}")
+            out[row] = (lo, why)
+            break
     return out
 
 
