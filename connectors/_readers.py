@@ -424,13 +424,19 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
 
 
 class _TooBig(ValueError):
-    pass
+    """A number literal pyarrow refuses or makes infinite; args: (text, why)."""
 
 
 def _finite(text: str) -> float:
     value = float(text)
-    if math.isinf(value):  # pyarrow refuses it ("Number too big"); Python makes it inf
-        raise _TooBig(text)
+    if math.isinf(value):
+        raise _TooBig(text, "beyond the range of float64")
+    # pyarrow also refuses ("Number too big") an exponent that, less the digits
+    # after the point, passes 308, whatever the value ("0e400"); Python reads it.
+    mantissa, _, exponent = text.lower().partition("e")
+    if exponent and int(exponent) - len(mantissa.partition(".")[2]) > 308:
+        raise _TooBig(text, "which pyarrow's JSON reader refuses (an exponent past 308); "
+                            "write it with a smaller exponent")
     return value
 
 
@@ -490,8 +496,7 @@ def _json_records(data: bytes) -> Iterator[tuple[int, bytes, dict | None, str | 
                 raw = text[start:end].encode("utf-8", "surrogateescape")
                 why = (f"writes the key {printable(error.args[0], 60)!r} twice in one object"
                        if isinstance(error, _DuplicateKey) else
-                       f"holds the number {printable(error.args[0], 40)}, beyond the range of "
-                       "float64")
+                       f"holds the number {printable(error.args[0], 40)}, {error.args[1]}")
             else:  # up to the end of the line
                 end = text.find("\n", start)
                 end = len(text) if end < 0 else end

@@ -184,3 +184,20 @@ def test_read_text_invalid_utf8_names_line(ray_cluster, base_uri):
 
 def test_spec_error_is_value_error():
     assert issubclass(SpecError, ValueError)
+
+
+@pytest.mark.parametrize("literal, why", [
+    ("0e400", r"which pyarrow's JSON reader refuses \(an exponent past 308\)"),
+    ("-1E400", "beyond the range of float64"),
+])
+def test_jsonl_number_pyarrow_refuses_is_named(local_dir, literal, why):
+    """pyarrow refuses "0e400" and "1e400" ("Number too big") where Python reads
+    0.0 and inf: the error said "cannot be read as JSON lines", naming no line."""
+    import re
+
+    from slicefeed.connectors import peek_schema
+
+    put_bytes(f"{local_dir}/a.jsonl", b'{"a": 1.5}\n{"a": %s}\n' % literal.encode())
+    with pytest.raises(BadRecordError, match=rf"a\.jsonl: line 2 \(row 1\) holds the number "
+                                             rf"{re.escape(literal)}, {why}"):
+        peek_schema("jsonl", f"{local_dir}/a.jsonl")
