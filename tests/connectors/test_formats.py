@@ -104,3 +104,18 @@ def test_every_registry_format_is_accepted_by_spec_cli_and_inspect(fmt, tmp_path
         info = inspect_uri(path, fmt=given)
         assert info["num_rows"] == 2 and fmt in info["kind"], (given, info)
     assert peek_schema(fmt, path).names == list(info["schema"])
+
+
+def test_read_json_text_keeps_strings_and_the_types_a_caller_gives():
+    """Strings that look like times stay strings (pyarrow would type them as
+    timestamps); a field the caller's schema types keeps that type."""
+    import pyarrow as pa
+
+    from slicefeed.connectors._formats import read_json_text
+
+    data = b'{"a": "2024-01-01", "b": "2024-01-02T10:00:00+05:00", "c": [{"d": "2024-01-03"}]}\n'
+    assert read_json_text(data).to_pylist() == [
+        {"a": "2024-01-01", "b": "2024-01-02T10:00:00+05:00", "c": [{"d": "2024-01-03"}]}]
+    table = read_json_text(data, pa.schema([("a", pa.timestamp("s"))]))
+    assert table.schema.field("a").type == pa.timestamp("s")
+    assert table.schema.field("b").type == pa.string()
