@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import io
 import json
-import math
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -427,21 +426,15 @@ class _TooBig(ValueError):
     """A number literal pyarrow refuses or makes infinite; args: (text, why)."""
 
 
-def _finite(text: str) -> float:
-    value = float(text)
-    if math.isinf(value):
-        raise _TooBig(text, "beyond the range of float64")
-    # pyarrow also refuses ("Number too big") an exponent that, less the digits
-    # after the point, passes 308, whatever the value ("0e400"); Python reads it.
-    mantissa, _, exponent = text.lower().partition("e")
-    if exponent and int(exponent) - len(mantissa.partition(".")[2]) > 308:
-        raise _TooBig(text, "which pyarrow's JSON reader refuses (an exponent past 308); "
-                            "write it with a smaller exponent")
-    return value
+def _float(text: str) -> float:
+    why = _values.float_change(text)
+    if why is not None:
+        raise _TooBig(text, why)
+    return float(text)
 
 
 _DECODER = json.JSONDecoder(object_pairs_hook=_unique_keys, parse_int=_values.parse_int,
-                            parse_float=_finite)
+                            parse_float=_float)
 _PLAIN_DECODER = json.JSONDecoder()
 
 

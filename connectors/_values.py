@@ -20,6 +20,7 @@ passes.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Iterator
 
@@ -286,15 +287,29 @@ def null_record(data: bytes) -> bool:
                for _, _, value, error in json_values(text, _PLAIN, start))
 
 
+def float_change(text: str) -> str | None:
+    """Why pyarrow's JSON reader changes or refuses the number literal ``text``
+    (one with a point or an exponent), or None: float64 makes it infinite
+    ("1.8e308"; pyarrow reads it as inf), or its exponent, less the digits
+    after the point, passes 308 ("0e400": pyarrow refuses "Number too big")."""
+    if math.isinf(float(text)):
+        return "beyond the range of float64, which would make it infinite"
+    mantissa, _, exponent = text.lower().partition("e")
+    if exponent and int(exponent) - len(mantissa.partition(".")[2]) > 308:
+        return ("which pyarrow's JSON reader refuses (an exponent past 308); write it with "
+                "a smaller exponent")
+    return None
+
+
 class _Overflow(float):
-    """A JSON number literal float64 cannot hold (it became infinite)."""
+    """A JSON number literal pyarrow made infinite (see :func:`float_change`)."""
 
     text = ""
 
 
 def _overflow(text: str) -> float:
     value = float(text)
-    if value in (float("inf"), float("-inf")):
+    if math.isinf(value) and float_change(text) is not None:
         value = _Overflow(value)
         value.text = text
     return value
@@ -355,8 +370,8 @@ def rounded_json_rows(table: pa.Table, data: bytes) -> dict[int, tuple[int, str]
             if value is None:
                 continue
             column = column_name(path)
-            why = (f"column {column!r} holds {printable(value.text, 40)}, beyond the range "
-                   "of float64, which would make it infinite"
+            why = (f"column {column!r} holds {printable(value.text, 40)}, "
+                   f"{float_change(value.text)}"
                    if isinstance(value, _Overflow) else
                    f"column {column!r} holds {shown(value)}, which {ADVICE}")
             out[row] = (lo, why)
