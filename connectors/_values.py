@@ -288,17 +288,37 @@ def null_record(data: bytes) -> bool:
 
 
 def float_change(text: str) -> str | None:
-    """Why pyarrow's JSON reader changes or refuses the number literal ``text``
-    (one with a point or an exponent), or None: float64 makes it infinite
-    ("1.8e308"; pyarrow reads it as inf), or its exponent, less the digits
-    after the point, passes 308 ("0e400": pyarrow refuses "Number too big")."""
+    """Why pyarrow's JSON reader refuses or changes the number literal ``text``
+    (one with a point or an exponent), or None: its exponent, less the digits
+    after the point, passes 308 ("1e400", "0e400": pyarrow refuses "Number too
+    big"), or float64 makes it infinite ("1.8e308"; pyarrow reads inf)."""
+    mantissa, _, exponent = text.lower().partition("e")
+    if exponent:
+        digits = exponent.lstrip("+-").lstrip("0")
+        # Compared by length first: int() refuses 4,300+ digits.
+        big = len(digits) > 9 or int(digits or "0") - len(mantissa.partition(".")[2]) > 308
+        if big and not exponent.startswith("-"):
+            return ("which pyarrow's JSON reader refuses (an exponent past 308); write it "
+                    "with a smaller exponent")
     if math.isinf(float(text)):
         return "beyond the range of float64, which would make it infinite"
-    mantissa, _, exponent = text.lower().partition("e")
-    if exponent and int(exponent) - len(mantissa.partition(".")[2]) > 308:
-        return ("which pyarrow's JSON reader refuses (an exponent past 308); write it with "
-                "a smaller exponent")
     return None
+
+
+#: A number literal float64 can make infinite has an exponent of 3+ digits or
+#: a run of 309+ digits; text with neither has none.
+def _may_overflow(data: bytes) -> bool:
+    b = np.frombuffer(data, np.uint8)
+    if b.size < 4:
+        return False
+    digit = (b >= 48) & (b <= 57)
+    e = np.flatnonzero((b[:-3] | 0x20) == ord("e"))
+    after = e + (b[e + 1] == ord("+"))  # the exponent's sign, if any
+    after = after[after + 3 < b.size]
+    if np.any(digit[after + 1] & digit[after + 2] & digit[after + 3]):
+        return True
+    edges = np.diff(digit.astype(np.int8), prepend=0, append=0)
+    return bool(np.any(np.flatnonzero(edges == -1) - np.flatnonzero(edges == 1) >= 309))
 
 
 class _Overflow(float):
@@ -334,13 +354,15 @@ def rounded_json_rows(table: pa.Table, data: bytes) -> dict[int, tuple[int, str]
     if not found:
         return {}
     suspects: dict[int, list[Path]] = {}
-    for path, rows, magnitudes in found:
-        for row in dict.fromkeys(rows[np.isinf(magnitudes)].tolist()):
-            suspects.setdefault(row, []).append(path)
+    if _may_overflow(data):  # else every infinity was written as such (Infinity, Inf)
+        for path, rows, magnitudes in found:
+            for row in dict.fromkeys(rows[np.isinf(magnitudes)].tolist()):
+                suspects.setdefault(row, []).append(path)
     lo_tok, hi_tok = int_literals(data)
     if not lo_tok.size and not suspects:
         return {}
     starts = _record_starts(data, table.num_rows)
+    literal_rows: set[int] = set()  # rows holding a long integer literal
     if lo_tok.size:
         token_rows = np.searchsorted(starts, lo_tok, side="right") - 1
         token_values = np.abs(np.fromiter(
@@ -353,6 +375,7 @@ def rounded_json_rows(table: pa.Table, data: bytes) -> dict[int, tuple[int, str]
             hit = tokens[at] == keys
             for row in dict.fromkeys(rows[hit].tolist()):
                 suspects.setdefault(row, []).append(path)
+                literal_rows.add(row)
     out: dict[int, tuple[int, str]] = {}
     decoder = json.JSONDecoder(parse_int=parse_int, parse_float=_overflow)
     for row, paths in sorted(suspects.items()):  # parse those rows again
@@ -363,6 +386,8 @@ def rounded_json_rows(table: pa.Table, data: bytes) -> dict[int, tuple[int, str]
         try:
             obj, _ = decoder.raw_decode(text, pos)
         except (ValueError, RecursionError):  # pyarrow read what Python does not
+            if row not in literal_rows and not _may_overflow(data[lo:end]):
+                continue  # its infinities are written as such (pyarrow also reads Inf)
             raise ValueError(f"row {row} holds a possibly changed number and does not "
                              "parse again") from None
         for path in paths:

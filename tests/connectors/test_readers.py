@@ -188,7 +188,8 @@ def test_spec_error_is_value_error():
 
 @pytest.mark.parametrize("literal, why", [
     ("0e400", r"which pyarrow's JSON reader refuses \(an exponent past 308\)"),
-    ("-1E400", "beyond the range of float64"),
+    ("-1E400", r"which pyarrow's JSON reader refuses \(an exponent past 308\)"),
+    ("0.1e310", r"which pyarrow's JSON reader refuses \(an exponent past 308\)"),
 ])
 def test_jsonl_number_pyarrow_refuses_is_named(local_dir, literal, why):
     """pyarrow refuses "0e400" and "1e400" ("Number too big") where Python reads

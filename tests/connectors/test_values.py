@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import re
 
+import pyarrow as pa
 import pyarrow.json as pajson
 import pytest
 from hypothesis import given, settings
@@ -95,6 +96,37 @@ def test_number_beyond_float64_pyarrow_made_infinite_is_found():
         2: "column 'a' holds -1.7976931348623159e308, beyond the range of float64"}
     assert _rounded(b'{"a":[1.5]}\n{"a":[2.5, 1.8e308]}\n') == {
         1: "column 'a[]' holds 1.8e308, beyond the range of float64"}
+
+
+def test_infinities_written_as_such_are_kept_even_where_python_cannot_parse_them():
+    """pyarrow also reads `Inf` and `-NaN`, which Python's parser refuses: a row
+    holding one is not refused for it (every infinity there is written as such),
+    and a 1.8e308 in another row is still found."""
+    assert _rounded(b'{"a":Inf}\n{"a":1.5}\n') == {}
+    assert _rounded(b'{"a":-Inf,"b":-NaN}\n{"a":Infinity,"b":1.5}\n') == {}
+    assert _rounded(b'{"a":Inf}\n{"a":1.8e308}\n') == {
+        1: "column 'a' holds 1.8e308, beyond the range of float64"}
+
+
+@pytest.mark.parametrize("literal, refused, infinite", [
+    ("1e400", True, False), ("0e400", True, False), ("0.1e310", True, False),
+    ("-0.0e400", True, False), ("1e" + "0" * 20 + "400", True, False),
+    ("0.001e309", False, False), ("1.8e308", False, True), ("10e308", False, True),
+    ("1e308", False, False), ("1e-400", False, False),
+    ("1e" + "0" * 5000 + "1", False, False), ("1e-" + "0" * 5000 + "1", False, False),
+])
+def test_float_change_agrees_with_pyarrow(literal, refused, infinite):
+    """Which literals pyarrow's JSON reader refuses ("Number too big") or makes
+    infinite; exponents of 4,300+ digits included (int() refuses those)."""
+    data = b'{"a": %s}\n' % literal.encode()
+    try:
+        got = pajson.read_json(io.BytesIO(data)).column("a")[0].as_py()
+        assert not refused and (got in (float("inf"), float("-inf"))) == infinite
+    except pa.ArrowInvalid:
+        assert refused
+    why = _values.float_change(literal)
+    assert (why is not None and "refuses" in why) == refused
+    assert (why is not None and "infinite" in why) == infinite
 
 
 @pytest.mark.parametrize("data, expected", [

@@ -216,7 +216,7 @@ def test_jsonl_number_beyond_float64_is_one_bad_record(ray_cluster, local_dir):
     lines[2] = b'{"id": 2, "x": -1E400}'
     put_bytes(f"{local_dir}/raw/a.jsonl", b"\n".join(lines) + b"\n")
     with pytest.raises(BadRecordError, match=r"a\.jsonl: line 3 \(row 2\) holds the number -1E400, "
-                                             r"beyond the range of float64"):
+                                             r"which pyarrow's JSON reader refuses \(an exponent"):
         Pipeline(_spec(local_dir, "jsonl", on_error="fail")).run()
     # pyarrow reads 1.8e308 as inf without an error: found all the same.
     put_bytes(f"{local_dir}/raw/b.jsonl", b'{"id": 10, "x": 1.8e308}\n{"id": 11, "x": 1.5}\n')
