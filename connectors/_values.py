@@ -305,9 +305,10 @@ def float_change(text: str) -> str | None:
     return None
 
 
-#: A number literal float64 can make infinite has an exponent of 3+ digits or
-#: a run of 309+ digits; text with neither has none.
 def _may_overflow(data: bytes) -> bool:
+    """Whether ``data`` may hold a number literal float64 makes infinite: one
+    has an exponent of 3+ digits or a run of 309+ digits (vectorised; digits
+    in strings count too, which only costs a recheck)."""
     b = np.frombuffer(data, np.uint8)
     if b.size < 4:
         return False
