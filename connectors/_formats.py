@@ -62,21 +62,14 @@ def read_json_text(data: bytes, schema: pa.Schema | None = None) -> pa.Table:
     # pyarrow types a string that looks like a time as a timestamp ("2024-01-01"
     # becomes midnight, "10:00:00+05:00" a naive 05:00): a JSON string is kept
     # as the string it is; `cast` makes it a timestamp where wanted. A field
-    # typed by the caller's schema keeps its type.
+    # typed by the caller's schema keeps its type; one nested past MAX_NESTING
+    # is refused by the caller anyway.
     given = set(schema.names) if schema is not None else set()
-
-    def inferred_time(f: pa.Field) -> bool:
-        return (f.name not in given and _values.nesting(f.type) <= _values.MAX_NESTING
-                and _has_timestamp(f.type))
-
-    if any(inferred_time(f) for f in table.schema):
-        table = read(pa.schema([f.with_type(_timestamps_as_strings(f.type))
-                                if inferred_time(f) else f for f in table.schema]))
-    return table
-
-
-def _has_timestamp(t: pa.DataType) -> bool:
-    return _timestamps_as_strings(t) != t
+    wanted = pa.schema([
+        f.with_type(_timestamps_as_strings(f.type))
+        if f.name not in given and _values.nesting(f.type) <= _values.MAX_NESTING else f
+        for f in table.schema])
+    return table if wanted.equals(table.schema) else read(wanted)
 
 
 def _timestamps_as_strings(t: pa.DataType) -> pa.DataType:

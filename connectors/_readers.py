@@ -435,7 +435,6 @@ def _float(text: str) -> float:
 
 _DECODER = json.JSONDecoder(object_pairs_hook=_unique_keys, parse_int=_values.parse_int,
                             parse_float=_float)
-_PLAIN_DECODER = json.JSONDecoder()
 
 
 def _check_record(obj: object) -> str | None:
@@ -483,7 +482,7 @@ def _json_records(data: bytes) -> Iterator[tuple[int, bytes, dict | None, str | 
                     why = "is not valid UTF-8"
             elif isinstance(error, (_DuplicateKey, _TooBig)):  # its end, read without the check
                 try:
-                    end = _PLAIN_DECODER.raw_decode(text, start)[1]
+                    end = _values.PLAIN_DECODER.raw_decode(text, start)[1]
                 except ValueError:
                     pass
                 raw = text[start:end].encode("utf-8", "surrogateescape")

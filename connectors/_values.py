@@ -264,7 +264,8 @@ def json_values(
 # elsewhere outside a string it is a value, or not JSON at all.
 _NULL_FIRST = re.compile(rb"(?:\xef\xbb\xbf)?[ \t\r\n]*null")
 _NULL_AFTER_RECORD = re.compile(rb"\}[ \t\r\n]*null")
-_PLAIN = json.JSONDecoder()
+#: Python's JSON parser without hooks: where a record ends, what it holds.
+PLAIN_DECODER = json.JSONDecoder()
 
 
 def null_record(data: bytes) -> bool:
@@ -284,7 +285,7 @@ def null_record(data: bytes) -> bool:
     text = data.decode("utf-8", "surrogateescape")
     start = 1 if text.startswith("\ufeff") else 0
     return any(error is not None or value is None
-               for _, _, value, error in json_values(text, _PLAIN, start))
+               for _, _, value, error in json_values(text, PLAIN_DECODER, start))
 
 
 def float_change(text: str) -> str | None:
