@@ -260,10 +260,15 @@ def json_values(
         pos = end
 
 
-# `null` as a record is first in the text or follows a record's closing brace;
-# elsewhere outside a string it is a value, or not JSON at all.
+# `null` as a record is first in the text, follows a record's closing brace,
+# or starts a line (after a record that is not an object, too: pyarrow parses
+# 1 MiB blocks cut at line ends in parallel, and a block that starts with
+# `null` crashes it whatever came before). A JSON string holds no raw line
+# end, so a line-leading `null` is a record or a value of a record written
+# over several lines. Each pattern starts with a literal byte: a fast scan
+# (a class of first bytes is ten times slower).
 _NULL_FIRST = re.compile(rb"(?:\xef\xbb\xbf)?[ \t\r\n]*null")
-_NULL_AFTER_RECORD = re.compile(rb"\}[ \t\r\n]*null")
+_NULL_AFTER = {lead: re.compile(re.escape(lead) + rb"[ \t\r\n]*null") for lead in (b"}", b"\n", b"\r")}
 #: Python's JSON parser without hooks: where a record ends, what it holds.
 PLAIN_DECODER = json.JSONDecoder()
 
@@ -272,15 +277,18 @@ def null_record(data: bytes) -> bool:
     """Whether a record of JSON-lines ``data`` is JSON ``null``.
 
     pyarrow reads such a record as a row of nulls in every column, and one that
-    comes first crashes its reader (a segmentation fault), so it must be found
-    before pyarrow reads the text. Candidates are found with one regular
-    expression search (a literal-led pattern: a fast scan); only text with one
-    is walked in Python, to tell a record from ``} null`` inside a string.
+    starts the text or one of its parse blocks crashes its reader (a
+    segmentation fault), so it must be found before pyarrow reads the text.
+    Candidates are found with up to three regular-expression searches (literal-led
+    patterns: fast scans); only text with one is walked in Python, to tell a
+    record from ``} null`` inside a string or a value on its own line.
     Where Python's parser stops before the end (pyarrow also reads ``Inf``,
     ``-NaN``, deeper nesting and longer integers), what follows cannot be told
     apart, so the answer is yes: the caller's bad-record walk decides.
     """
-    if _NULL_FIRST.match(data) is None and _NULL_AFTER_RECORD.search(data) is None:
+    if _NULL_FIRST.match(data) is None and not any(
+            (lead != b"\r" or lead in data) and pattern.search(data)  # a CR is rare
+            for lead, pattern in _NULL_AFTER.items()):
         return False
     text = data.decode("utf-8", "surrogateescape")
     start = 1 if text.startswith("\ufeff") else 0

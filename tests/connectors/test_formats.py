@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -119,3 +120,34 @@ def test_read_json_text_keeps_strings_and_the_types_a_caller_gives():
     table = read_json_text(data, pa.schema([("a", pa.timestamp("s"))]))
     assert table.schema.field("a").type == pa.timestamp("s")
     assert table.schema.field("b").type == pa.string()
+
+
+_NULL_AT_A_BLOCK_START = r"""
+import sys
+from slicefeed.connectors._formats import read_json_text
+import pyarrow as pa
+before = sys.argv[1].encode()
+record = b'{"a":1}\n'
+room = (1 << 20) - len(before) - 1  # `before` ends pyarrow's first 1 MiB block
+n, pad = divmod(room, len(record))
+text = (record * (n - 1) + b'{"a":1' + b" " * pad + b"}\n" + before + b"\n null\n"
+        + record * 3)
+try:
+    read_json_text(text)
+except pa.ArrowInvalid:
+    print("refused")
+"""
+
+
+@pytest.mark.parametrize("before", ["5", '"s"', "[1]", "true", "{}"])
+def test_read_json_text_refuses_a_null_record_at_a_block_start(before):
+    """pyarrow parses JSON lines in 1 MiB blocks, in parallel where its thread
+    pool has more than one thread, and segfaults on a block whose first record
+    is `null`. After a record that is not an object that `null` was not looked
+    for: the process crashed instead of raising, so the caller's bad-record
+    walk never named the line. (Ray workers run pyarrow with one thread, where
+    the earlier block's error comes first; the driver and other callers do not.)"""
+    r = subprocess.run([sys.executable, "-c", _NULL_AT_A_BLOCK_START, before],
+                       capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "OMP_NUM_THREADS": "4"})
+    assert (r.returncode, r.stdout.strip()) == (0, "refused"), (r.returncode, r.stderr[-500:])

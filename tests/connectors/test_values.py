@@ -136,6 +136,9 @@ def test_float_change_agrees_with_pyarrow(literal, refused, infinite):
     (b"\xef\xbb\xbf  null\n", True),            # first, after a byte-order mark
     (b'{"a": 1} null\n', True),                 # after an object on the same line
     (b'{"a": 1}\r\n\t null \r\n{"a": 2}', True),
+    (b'5\n null\n', True),                      # after a record that is not an object
+    (b'{"a": 1}\rnull', True),                   # lines ended by a lone CR
+    (b'{"a":\n null}\n{"a": 1}', False),      # a value on its own line
     (b'{"a": null}\n{"a": [null, {"b": null}]}\n', False),  # values, not records
     (b'{"a": "} null"}\n{"a": "x}\\nnull"}\n', False),       # inside strings
     (b"", False),
