@@ -272,8 +272,7 @@ class JsonlDatasource(_SlicefeedFileDatasource):
             raise BadRecordError(
                 f"{self._uri(path)}: has float64 values pyarrow may have changed (rounded "
                 "integers, or numbers beyond float64's range made infinite), and they cannot "
-                f"be checked ({printable(str(e), 100)}); write one JSON object per line, in "
-                "standard JSON (not Inf or -NaN).") from None
+                f"be checked ({printable(str(e), 100)}); write one JSON object per line.") from None
         if hits:
             if self._mark_errors:
                 yield from self._mark_bad_lines(data, path)
@@ -331,9 +330,9 @@ class JsonlDatasource(_SlicefeedFileDatasource):
         if good:
             if table is not None:
                 yield self._finish(table, path, 0, rows=rows)
-            for row, reason, line in more_bad:
+            for row, lineno, reason, line in more_bad:
                 bad_rows.append(row)
-                reasons.append(reason)
+                reasons.append(f"line {lineno} {reason}")
                 raw.append(line)
         if bad_rows:
             yield self._bad_rows(path, bad_rows, reasons, raw)
@@ -341,12 +340,12 @@ class JsonlDatasource(_SlicefeedFileDatasource):
 
 def _read_json_lines(
     lines: list[bytes], rows: list[int], objs: list[dict], linenos: list[int]
-) -> tuple[pa.Table | None, np.ndarray, list[tuple[int, str, bytes]]]:
+) -> tuple[pa.Table | None, np.ndarray, list[tuple[int, int, str, bytes]]]:
     """Reads JSON-object lines whose values may disagree on a field's type.
 
     Each field gets the type Arrow infers for its first non-null value; lines
     that do not fit are found by bisection (``O(k log n)`` reads for ``k`` bad
-    lines) and returned as ``(row, reason, raw line)``.
+    lines) and returned as ``(row, line number, reason, raw line)``.
     """
     def read(chunk: list[bytes], schema: pa.Schema | None = None) -> pa.Table:
         return read_json_text(b"\n".join(chunk), schema)
@@ -384,7 +383,7 @@ def _read_json_lines(
     schema = pa.schema(fields)
     tables: list[tuple[int, pa.Table]] = []
     keep: list[int] = []
-    bad: list[tuple[int, str, bytes]] = []
+    bad: list[tuple[int, int, str, bytes]] = []
     stack = [(0, len(lines))]
     while stack:
         lo, hi = stack.pop()
@@ -394,8 +393,8 @@ def _read_json_lines(
         except pa.ArrowInvalid as e:
             if hi - lo == 1:
                 msg = str(e).splitlines()[0] if str(e) else "type mismatch"
-                bad.append((rows[lo], (f"line {linenos[lo]} does not match the types of earlier "
-                                      f"lines ({printable(msg, 200)})"), lines[lo]))
+                bad.append((rows[lo], linenos[lo], ("does not match the types of earlier "
+                                                    f"lines ({printable(msg, 200)})"), lines[lo]))
                 continue
         mid = (lo + hi) // 2
         stack += [(mid, hi), (lo, mid)]
@@ -482,7 +481,7 @@ def _json_records(data: bytes) -> Iterator[tuple[int, bytes, dict | None, str | 
                     why = "is not valid UTF-8"
             elif isinstance(error, (_DuplicateKey, _TooBig)):  # its end, read without the check
                 try:
-                    end = _values.PLAIN_DECODER.raw_decode(text, start)[1]
+                    end = _values.decode(_values.PLAIN_DECODER, text, start)[1]
                 except ValueError:
                     pass
                 raw = text[start:end].encode("utf-8", "surrogateescape")
@@ -505,9 +504,18 @@ def _json_records(data: bytes) -> Iterator[tuple[int, bytes, dict | None, str | 
 
 
 def _locate_bad_json_line(data: bytes, uri: str, err: Exception | None) -> BadRecordError:
-    """Finds the first bad record (only on the error path, so a Python loop is fine)."""
-    for row, (line, _, _, why) in enumerate(_json_records(data)):
+    """Finds the first bad record (only on the error path, so a Python loop is
+    fine): one that is bad alone, else one whose types disagree with earlier ones."""
+    records = []
+    for row, (line, raw, obj, why) in enumerate(_json_records(data)):
         if why is not None:
+            return BadRecordError(f"{uri}: line {line} (row {row}) {why}. {_FIX_HINT}")
+        records.append((raw, row, obj, line))
+    if records:
+        raws, rows, objs, lines = (list(x) for x in zip(*records))
+        bad = _read_json_lines(raws, rows, objs, lines)[2]
+        if bad:
+            row, line, why, _ = bad[0]
             return BadRecordError(f"{uri}: line {line} (row {row}) {why}. {_FIX_HINT}")
     return BadRecordError(f"{uri}: cannot be read as JSON lines ({err}). {_FIX_HINT}")
 

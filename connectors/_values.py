@@ -19,6 +19,7 @@ passes.
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import re
@@ -239,6 +240,59 @@ def _record_starts(data: bytes, num_rows: int) -> np.ndarray:
     return np.asarray(out, dtype=np.int64)
 
 
+# pyarrow's JSON reader also reads `Inf`, `-Inf` and `-NaN` as numbers; Python's
+# parser does not. Outside strings (each string is one token of the pattern, so
+# a constant inside one is never matched), Python's spelling of the same value
+# stands in for each (`-NaN` is NaN to pyarrow too).
+_STRING_OR_PYARROW_ONLY = re.compile(r'"(?:[^"\\\n]|\\.)*"|(-?Inf(?!inity)|-NaN)')
+_PYTHON_SPELLING = {"Inf": "Infinity", "-Inf": "-Infinity", "-NaN": "NaN"}
+
+
+def decode(decoder: json.JSONDecoder, text: str, pos: int = 0) -> tuple[object, int]:
+    """``decoder.raw_decode(text, pos)``, reading what pyarrow reads: a value
+    holding ``Inf``, ``-Inf`` or ``-NaN`` decodes as one holding Python's
+    spelling of it. Only where Python's parser stops are the value's lines
+    copied with those constants respelled (linear in their length) and parsed
+    again.
+
+    Raises:
+        json.JSONDecodeError: the position is in ``text``.
+        RecursionError: the value is nested deeper than Python's stack allows.
+    """
+    try:
+        return decoder.raw_decode(text, pos)
+    except json.JSONDecodeError as e:
+        error = e
+    parts: list[str] = []
+    marks: list[int] = []  # where in the copy each respelled constant ends
+    shifts: list[int] = [0]  # how much longer the copy is up to there
+    size, taken = 0, pos  # the copy's length; text[pos:taken] is copied
+
+    def respell(found: re.Match) -> str:
+        if found.group(1) is None:
+            return found.group()
+        spelled = _PYTHON_SPELLING[found.group(1)]
+        marks.append(taken - pos + found.start() + shifts[-1] + len(spelled))
+        shifts.append(shifts[-1] + len(spelled) - len(found.group(1)))
+        return spelled
+
+    def in_text(at: int) -> int:  # a position of the copy in the text
+        return pos + at - shifts[bisect.bisect_right(marks, at)]
+
+    while error.pos >= taken and taken < len(text):  # copy the lines up to the stop
+        line_end = text.find("\n", error.pos)
+        line_end = len(text) if line_end < 0 else line_end + 1
+        part = _STRING_OR_PYARROW_ONLY.sub(respell, text[taken:line_end])
+        parts.append(part)
+        size, taken = size + len(part), line_end
+        try:
+            value, end = decoder.raw_decode("".join(parts))
+            return value, in_text(end)
+        except json.JSONDecodeError as e:
+            error = json.JSONDecodeError(e.msg, text, in_text(e.pos))
+    raise error
+
+
 def json_values(
     text: str, decoder: json.JSONDecoder, pos: int = 0
 ) -> Iterator[tuple[int, int, object, Exception | None]]:
@@ -252,7 +306,7 @@ def json_values(
         if pos >= len(text):
             return
         try:
-            value, end = decoder.raw_decode(text, pos)
+            value, end = decode(decoder, text, pos)
         except (ValueError, RecursionError) as e:
             yield pos, len(text), None, e
             return
@@ -282,9 +336,10 @@ def null_record(data: bytes) -> bool:
     Candidates are found with up to three regular-expression searches (literal-led
     patterns: fast scans); only text with one is walked in Python, to tell a
     record from ``} null`` inside a string or a value on its own line.
-    Where Python's parser stops before the end (pyarrow also reads ``Inf``,
-    ``-NaN``, deeper nesting and longer integers), what follows cannot be told
-    apart, so the answer is yes: the caller's bad-record walk decides.
+    Where Python's parser stops before the end (pyarrow also reads deeper
+    nesting and longer integers; its ``Inf`` and ``-NaN`` are read here too, see
+    :func:`decode`), what follows cannot be told apart, so the answer is yes:
+    the caller's bad-record walk decides.
     """
     if _NULL_FIRST.match(data) is None and not any(
             (lead != b"\r" or lead in data) and pattern.search(data)  # a CR is rare
@@ -394,10 +449,10 @@ def rounded_json_rows(table: pa.Table, data: bytes) -> dict[int, tuple[int, str]
         text = data[lo:end].decode("utf-8", "surrogateescape")
         pos = len(text) - len(text.lstrip(_JSON_WS))
         try:
-            obj, _ = decoder.raw_decode(text, pos)
+            obj, _ = decode(decoder, text, pos)
         except (ValueError, RecursionError):  # pyarrow read what Python does not
             if row not in literal_rows and not _may_overflow(data[lo:end]):
-                continue  # its infinities are written as such (pyarrow also reads Inf)
+                continue  # its infinities are written as such
             raise ValueError(f"row {row} holds a possibly changed number and does not "
                              "parse again") from None
         for path in paths:

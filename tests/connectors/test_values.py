@@ -79,10 +79,19 @@ def test_rows_are_found_for_objects_spread_over_lines_and_after_a_byte_order_mar
     assert _rounded(data) == {0: "column 'a' holds the integer 9007199254740993"}
 
 
-def test_a_row_pyarrow_reads_and_python_does_not_is_refused_not_passed():
-    """pyarrow reads ``-NaN``; Python's parser does not. A row that may hold a
-    rounded integer and cannot be checked fails the file instead of passing."""
-    data = b'{"a":9007199254740993,"b":-NaN}\n{"a":1.5,"b":1}\n'
+def test_a_row_holding_constants_only_pyarrow_spells_is_checked():
+    """pyarrow reads ``-NaN``, ``Inf`` and ``-Inf``; Python's parser does not.
+    Such a row that may hold a rounded integer is checked all the same (it
+    failed its whole file as one that cannot be checked)."""
+    data = b'{"a":9007199254740993,"b":[-NaN, Inf, -Inf]}\n{"a":1.5,"b":[1]}\n'
+    assert _rounded(data) == {0: "column 'a' holds the integer 9007199254740993"}
+
+
+def test_a_row_python_cannot_parse_is_refused_not_passed():
+    """A row that may hold a rounded integer and does not parse in Python (here
+    nested past its recursion limit, which pyarrow reads) fails the file
+    instead of passing."""
+    data = b'{"a":9007199254740993,"b":' + b"[" * 2000 + b"1" + b"]" * 2000 + b'}\n{"a":1.5}\n'
     with pytest.raises(ValueError):
         _rounded(data)
 

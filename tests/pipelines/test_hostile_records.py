@@ -227,6 +227,34 @@ def test_jsonl_number_beyond_float64_is_one_bad_record(ray_cluster, local_dir):
     assert b["_sf_row"] == 0 and "b.jsonl: line 1 holds the number 1.8e308, beyond the range" in b["_sf_error"]
 
 
+def test_jsonl_constants_pyarrow_reads_are_kept_on_the_bad_record_path(ray_cluster, local_dir):
+    """pyarrow reads `Inf`, `-Inf` and `-NaN`, which Python's parser does not.
+    A file without bad records kept them, but once a file held one bad record
+    its walk called every such record "not valid JSON": under `fail` the error
+    named the wrong line, under `quarantine` good records were quarantined.
+    And a record holding both such a constant and a number made infinite
+    failed its whole file as "cannot be checked"."""
+    from slicefeed.connectors import BadRecordError
+
+    lines = [b'{"id": %d, "x": %s, "y": 0.5}' % (i, c)
+             for i, c in enumerate([b"Inf", b"-Inf", b"-NaN", b"1.5", b"Infinity"] * 2)]
+    lines[7] = b'{"id": 7, "x": "seven", "y": 0.5}'
+    put_bytes(f"{local_dir}/raw/a.jsonl", b"\n".join(lines) + b"\n")
+    put_bytes(f"{local_dir}/raw/b.jsonl", b'{"id": 10, "x": 1.8e308, "y": Inf}\n'
+                                          b'{"id": 11, "x": 2.5, "y": -NaN}\n')
+    with pytest.raises(BadRecordError, match=r"a\.jsonl: line 8 \(row 7\) does not match the "
+                                             r"types of earlier lines"):
+        Pipeline(_spec(local_dir, "jsonl", on_error="fail")).run()
+    report = Pipeline(_spec(local_dir, "jsonl", on_error="quarantine", max_error_fraction=0.2)).run()
+    assert (report.rows_written, report.rows_quarantined) == (10, 2)
+    rows = sorted(read_dataset(f"{local_dir}/out").take_all(), key=lambda r: r["id"])
+    assert [r["id"] for r in rows] == [0, 1, 2, 3, 4, 5, 6, 8, 9, 11]
+    assert [r["x"] for r in rows[:2]] == [float("inf"), float("-inf")]
+    a, b = sorted(_quarantined(f"{local_dir}/out"), key=lambda r: r["_sf_error"])
+    assert a["_sf_row"] == 7 and "a.jsonl: line 8 does not match" in a["_sf_error"]
+    assert b["_sf_row"] == 0 and "b.jsonl: line 1 holds the number 1.8e308" in b["_sf_error"]
+
+
 @pytest.mark.slow
 def test_jsonl_strings_that_look_like_times_arrive_as_written(ray_cluster, local_dir):
     """pyarrow's JSON reader typed strings that look like times as timestamps:
