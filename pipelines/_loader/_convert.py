@@ -574,14 +574,25 @@ def _check_type(spec: ColumnSpec, schema: pa.Schema, locate: Locator) -> None:
             f"(it is in the schema the loader planned from): the source's blocks differ "
             f"in columns. Give every block the same columns in the pipeline (select / "
             f"fill_null), or leave the column out with exclude=[{spec.name!r}].")
-    t = schema.field(i).type
+    field = schema.field(i)
+    if is_bfloat16_field(field) != (spec.view_dtype is not None):
+        # The same uint16 bits are bfloat16 numbers in one block and integers in
+        # another: either reading would change the other's every value.
+        marked, plain = "bfloat16 bits (slicefeed.dtype metadata)", f"plain {field.type}"
+        this, planned = (marked, plain) if spec.view_dtype is None else (plain, marked)
+        raise SpecError(
+            f"JaxLoader: column {spec.name!r} holds {this} in the batch at {locate(0)}, but "
+            f"{planned} in the schema the loader planned from: the source's blocks differ, "
+            f"and reading one as the other would change every value. Write the column the "
+            f"same way everywhere (slicefeed.transforms' bfloat16 helpers), or exclude it.")
+    t = field.type
     if spec.source_type is None or t == spec.source_type:
         return
     key = (spec.name, spec.source_type, t, spec.kind, spec.row_shape, spec.arrow_dtype,
            spec.out_dtype, spec.pad_length)
     same = _LAYOUTS.get(key)
     if same is None:
-        same = _LAYOUTS[key] = _same_layout(spec, schema.field(i))
+        same = _LAYOUTS[key] = _same_layout(spec, field)
     if not same:
         raise SpecError(
             f"JaxLoader: column {spec.name!r} is {t} in the batch at {locate(0)}, but "

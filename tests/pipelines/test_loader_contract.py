@@ -480,6 +480,19 @@ def test_blocks_of_another_type_are_refused_not_cast(env, kind):
                                             rf"\d+ .*, but ({types}) in the schema the loader "
                                             r"planned from: the source's blocks differ in type"):
             list(JaxLoader(source(blocks), global_batch_size=8))
+    # The same uint16 column, bfloat16 bits in one block and integers in the
+    # other: whichever block came first decided for both, and the other's
+    # values arrived changed (1 as a bfloat16 denormal, 1.0 as 16256).
+    from slicefeed.transforms._dtypes import bfloat16_field, to_bfloat16_bits
+
+    bits = pa.table([pa.array(to_bfloat16_bits(np.arange(8, dtype=np.float32)))],
+                    schema=pa.schema([bfloat16_field("x")]))
+    plain = pa.table({"x": pa.array(np.arange(8, dtype=np.uint16))})
+    for blocks in ([bits, plain], [plain, bits]):
+        with pytest.raises(SpecError, match=r"column 'x' holds (bfloat16 bits|plain uint16) .*"
+                                            r"the source's blocks differ, and reading one as "
+                                            r"the other would change every value"):
+            list(JaxLoader(source(blocks), global_batch_size=8))
     values = np.arange(64, dtype=np.float32).reshape(16, 2, 2)
     nested = pa.FixedSizeListArray.from_arrays(
         pa.FixedSizeListArray.from_arrays(pa.array(values[8:].ravel()), 2), 2)
