@@ -105,7 +105,12 @@ def short_repr(value: object, limit: int = QUOTE_LIMIT) -> str:
     """
     if isinstance(value, (str, bytes)) and len(value) > limit:
         return f"{value[:limit]!r}... ({len(value)} {'chars' if isinstance(value, str) else 'bytes'})"
-    text = repr(value)
+    if isinstance(value, int) and value.bit_length() > 4 * limit:  # repr is slow, or refused
+        return f"an integer of {value.bit_length()} bits"
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - any object's repr may fail; the message must not
+        return f"a {type(value).__name__} that cannot be shown"
     # repr escapes control characters in str/bytes; containers of other
     # objects may not, so escape what is left.
     if not text.isprintable():

@@ -52,6 +52,7 @@ import numpy as np
 import pyarrow as pa
 
 from slicefeed.connectors import MissingColumnError, SpecError, _compat
+from slicefeed.connectors._errors import printable, short_repr
 from slicefeed.transforms import is_bfloat16_field
 
 MASK_KEY = "mask"
@@ -152,6 +153,13 @@ class ColumnSpec:
     source_type: pa.DataType | None = None
 
 
+def _listed(names: list[str], limit: int = 20) -> str:
+    """Column names for a message: the first ``limit``, each cut and escaped."""
+    shown = ", ".join(printable(n, 60) for n in names[:limit])
+    more = f", ... ({len(names)} columns)" if len(names) > limit else ""
+    return (shown + more) or "(none)"
+
+
 def _x64_error(c: str, what: str) -> SpecError:
     return SpecError(
         f"JaxLoader: column {c!r} {what}, but JAX has jax_enable_x64 off and would "
@@ -176,7 +184,7 @@ def _pad_value(c: str, value: Any, dt: np.dtype) -> Any:
         ok = False
     if not ok:
         raise SpecError(
-            f"JaxLoader: pad_values[{c!r}] = {value!r} does not fit the column's output "
+            f"JaxLoader: pad_values[{c!r}] = {short_repr(value)} does not fit the column's output "
             f"dtype {dt}; pass a value in that dtype's range."
         )
     return value
@@ -203,7 +211,7 @@ def plan_columns(
             pad value the output dtype cannot hold.
     """
     names = list(schema.names)
-    available = ", ".join(names) or "(none)"
+    available = _listed(names)
     dtypes = dict(dtypes or {})
     pad_lengths = dict(pad_lengths or {})
     pad_values = dict(pad_values or {})
@@ -217,7 +225,7 @@ def plan_columns(
         for c in requested:
             if c not in names:
                 raise MissingColumnError(
-                    f"JaxLoader: column {c!r} given in {arg}= not found in the dataset; "
+                    f"JaxLoader: column {short_repr(c)} given in {arg}= not found in the dataset; "
                     f"available: {available}."
                 )
     selected = [c for c in (columns if columns is not None else names) if c not in set(exclude)]

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any, Self
 
 from slicefeed.connectors import SpecError
+from slicefeed.connectors._errors import short_repr as _short
 from slicefeed.pipelines._loader import _plan
 from slicefeed.pipelines._loader._agree import Agreement
 from slicefeed.pipelines._loader._convert import MASK_KEY, plan_columns, row_bytes
@@ -486,24 +487,26 @@ class JaxLoader:
             )
         if state.get("seed") != self.seed:
             raise SpecError(
-                f"JaxLoader: state was saved with seed={state.get('seed')!r}, this loader has "
+                f"JaxLoader: state was saved with seed={_short(state.get('seed'))}, this loader has "
                 f"seed={self.seed}; pass the same seed to resume."
             )
         saved = state.get("plan")
         if not isinstance(saved, Mapping):
-            raise SpecError(f"JaxLoader: state has no plan (got {saved!r}); pass a state_dict().")
+            raise SpecError(f"JaxLoader: state has no plan (got {_short(saved)}); pass a state_dict().")
         diffs = []
         for k, v in self._plan.items():
             if k not in saved:
-                diffs.append(f"{k} is missing from the state (this loader has {k}={v!r})")
+                diffs.append(f"{k} is missing from the state (this loader has {k}={_short(v)})")
             elif saved[k] != v:
-                diffs.append(f"state was saved with {k}={saved[k]!r}, this loader has {k}={v!r}")
+                diffs.append(f"state was saved with {k}={_short(saved[k])}, this loader has "
+                             f"{k}={_short(v)}")
         for k in saved:
             if k not in self._plan:
-                diffs.append(f"state has unknown plan key {k!r}")
-        if diffs:
+                diffs.append(f"state has unknown plan key {_short(k)}")
+        if diffs:  # a state may be arbitrary user data: a few differences, each cut
+            more = f"; and {len(diffs) - 5} more differences" if len(diffs) > 5 else ""
             raise SpecError(
-                "JaxLoader: " + "; ".join(diffs)
+                "JaxLoader: " + "; ".join(diffs[:5]) + more
                 + "; resume with the same data and configuration."
             )
         epoch, step = state.get("epoch"), state.get("step")
@@ -548,7 +551,7 @@ class JaxLoader:
                 resumed, epoch, steps = None, epoch + 1, self.steps_per_epoch
         if steps is not None and step >= steps:
             raise SpecError(
-                f"JaxLoader: state position epoch={epoch!r}, step={step!r} is not valid for "
+                f"JaxLoader: state position epoch={_short(epoch)}, step={_short(step)} is not valid for "
                 f"this loader ({steps} steps in that epoch)."
             )
         self._epoch, self._step, self._resumed = epoch, step, resumed
@@ -576,12 +579,6 @@ class JaxLoader:
         self._epoch, self._step = epoch, step + 1
         if steps is not None and self._step >= steps:
             self._epoch, self._step = epoch + 1, 0
-
-
-def _short(value: Any) -> str:
-    """``repr(value)``, truncated (a state may be arbitrary user data)."""
-    r = repr(value)
-    return r if len(r) <= 80 else r[:77] + "..."
 
 
 def _count(value: Any) -> bool:

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from slicefeed.connectors import SpecError
+from slicefeed.connectors._errors import short_repr
 from slicefeed.pipelines._loader._convert import MASK_KEY
 
 
@@ -48,29 +49,29 @@ class LoaderOptions:
                 return
             if not isinstance(v, int) or isinstance(v, bool) or v < lo:
                 kind = "an integer or None" if none_ok else "an integer"
-                raise SpecError(f"JaxLoader: {name} must be >= {lo}, got {v!r} ({kind}).")
+                raise SpecError(f"JaxLoader: {name} must be >= {lo}, got {short_repr(v)} ({kind}).")
 
         if self.remainder not in ("drop", "pad"):
             raise SpecError(
-                f"JaxLoader: remainder must be 'drop' or 'pad', got {self.remainder!r}."
+                f"JaxLoader: remainder must be 'drop' or 'pad', got {short_repr(self.remainder)}."
             )
         if self.reader not in ("local", "ray"):
-            raise SpecError(f"JaxLoader: reader must be 'local' or 'ray', got {self.reader!r}.")
+            raise SpecError(f"JaxLoader: reader must be 'local' or 'ray', got {short_repr(self.reader)}.")
         integer("num_epochs", 0, none_ok=True)
         integer("prefetch", 0)
         integer("ray_prefetch_batches", 0)
         integer("local_read_ahead", 1)
         integer("shuffle_buffer_rows", 1, none_ok=True)
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
-            raise SpecError(f"JaxLoader: seed must be an integer, got {self.seed!r}.")
+            raise SpecError(f"JaxLoader: seed must be an integer, got {short_repr(self.seed)}.")
         if not (isinstance(self.sync_timeout_s, (int, float)) and self.sync_timeout_s > 0):
             raise SpecError(
                 "JaxLoader: sync_timeout_s must be a positive number, "
-                f"got {self.sync_timeout_s!r}."
+                f"got {short_repr(self.sync_timeout_s)}."
             )
         if not isinstance(self.mask_key, str) or not self.mask_key:
             raise SpecError(
-                f"JaxLoader: mask_key must be a non-empty string, got {self.mask_key!r}."
+                f"JaxLoader: mask_key must be a non-empty string, got {short_repr(self.mask_key)}."
             )
         if isinstance(self.columns, str) or isinstance(self.exclude, str):
             raise SpecError("JaxLoader: columns= and exclude= take a list of names, not a string.")

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from slicefeed.connectors import SpecError
+from slicefeed.connectors._errors import short_repr
 
 # The axis name Ray Data's iter_jax_batches shards the batch over.
 DATA_AXIS = "data"
@@ -71,16 +72,16 @@ class Placement:
         if (
             not isinstance(global_batch_size, int)
             or isinstance(global_batch_size, bool)
-            or global_batch_size <= 0
+            or not 0 < global_batch_size < 2**63  # row counts are int64
             or global_batch_size % unit
         ):
             suggest = (
                 unit * max(1, -(-global_batch_size // unit))
-                if isinstance(global_batch_size, int)
+                if isinstance(global_batch_size, int) and global_batch_size < 2**63
                 else unit
             )
             raise SpecError(
-                f"JaxLoader: global_batch_size ({global_batch_size}) must be a positive "
+                f"JaxLoader: global_batch_size ({short_repr(global_batch_size)}) must be a positive "
                 f"multiple of {what} and of the number of hosts ({self.process_count}); "
                 f"try global_batch_size={suggest}."
             )

@@ -359,6 +359,25 @@ def test_state_checks_every_plan_key(env, local_dir):
         JaxLoader(uri, global_batch_size=8, state={**sd, "plan": plan})
 
 
+def test_state_and_arguments_are_quoted_cut_in_messages(env, local_dir):
+    """A state may be arbitrary user data (read back from any checkpoint), and
+    a bad argument any object: messages quoted either whole, 100 kB and more."""
+    from slicefeed.pipelines import JaxLoader
+
+    uri = _commit(os.path.join(local_dir, "st"), [pa.table({"a": np.arange(32, dtype=np.int32)})])
+    sd = JaxLoader(uri, global_batch_size=8).state_dict()
+    big = "x" * 100_000
+    states = [{**sd, "plan": {**sd["plan"], "source": big}}, {**sd, "plan": big},
+              {**sd, "seed": big}, {**sd, "plan": {**sd["plan"], **{big + str(i): 1 for i in range(50)}}},
+              {**sd, "step": 10 ** 5000}]
+    arguments = [{"pad_values": {"a": big}}, {"remainder": big}, {"seed": big}, {"reader": big},
+                 {"columns": [big]}, {"num_epochs": big}, {"global_batch_size": 10 ** 5000}]
+    for kwargs in [{"state": s} for s in states] + arguments:
+        with pytest.raises(SpecError) as e:
+            JaxLoader(uri, **{"global_batch_size": 8, **kwargs})
+        assert 50 < len(str(e.value)) < 1500, (list(kwargs), len(str(e.value)))
+
+
 @pytest.mark.parametrize("remainder", ["pad", "drop"])
 def test_empty_source_error_says_empty(env, remainder):
     import ray
