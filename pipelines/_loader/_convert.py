@@ -232,6 +232,11 @@ def plan_columns(
     if not selected:
         raise SpecError(f"JaxLoader: no columns selected; available: {available}.")
     for c in selected:
+        if names.count(c) > 1:
+            raise SpecError(
+                f"JaxLoader: column {short_repr(c)} appears {names.count(c)} times in the "
+                f"dataset's schema, so the loader cannot tell which one to deliver; rename "
+                f"the duplicates in the pipeline, or leave it out with exclude=[{short_repr(c)}].")
         if c in reserved:
             raise SpecError(
                 f"JaxLoader: column {c!r} clashes with the loader's {c!r} output "

@@ -359,6 +359,21 @@ def test_state_checks_every_plan_key(env, local_dir):
         JaxLoader(uri, global_batch_size=8, state={**sd, "plan": plan})
 
 
+def test_column_written_twice_is_named(env, local_dir):
+    """A schema naming a column twice failed with pyarrow's bare KeyError
+    "Column x does not exist in schema" (the column exists, twice)."""
+    from slicefeed.pipelines import JaxLoader
+
+    x = pa.array(np.arange(8, dtype=np.int32))
+    uri = _commit(os.path.join(local_dir, "dup"), [pa.Table.from_arrays([x, x, x], ["x", "x", "y"])])
+    for kwargs in ({}, {"columns": ["x", "y"]}):
+        with pytest.raises(SpecError, match=r"column 'x' appears 2 times in the dataset's schema"):
+            JaxLoader(uri, global_batch_size=8, **kwargs)
+    for kwargs in ({"columns": ["y"]}, {"exclude": ["x"]}):
+        (batch,) = JaxLoader(uri, global_batch_size=8, **kwargs)
+        assert list(batch) == ["y"]
+
+
 def test_state_and_arguments_are_quoted_cut_in_messages(env, local_dir):
     """A state may be arbitrary user data (read back from any checkpoint), and
     a bad argument any object: messages quoted either whole, 100 kB and more."""
