@@ -93,6 +93,16 @@ class Placement:
                 f"multiple of its local devices ({per_host_unit}); try "
                 f"global_batch_size={math.lcm(unit, per_host_unit * self.process_count)}."
             )
+        held = _rows_held(self.mesh, self.spec, global_batch_size)
+        if held != self.local_batch_size:
+            # Each host delivers its own local_batch_size rows of every batch; JAX
+            # refuses, at the first batch, a layout that puts another count here.
+            raise SpecError(
+                f"JaxLoader: the batch axes of partition_spec {tuple(self.spec)} put {held} of "
+                f"the {global_batch_size} rows of each batch on this host's devices, but each "
+                f"of the {self.process_count} hosts delivers its own {self.local_batch_size}; "
+                f"shard the batch axis over mesh axes that span the hosts (the first entry of "
+                f"partition_spec), as the default mesh does.")
         self._by_ndim: dict[int, Any] = {}
         self._plans: dict[tuple, tuple[dict, dict]] = {}
 
@@ -116,3 +126,18 @@ class Placement:
                 shapes[k] = (self.global_batch_size,) + v.shape[1:]
             plan = self._plans[key] = (shardings, shapes)
         return jax.make_array_from_process_local_data(plan[0], host, plan[1])
+
+
+def _rows_held(mesh: Any, spec: Any, global_batch_size: int) -> int:
+    """How many rows of a ``global_batch_size`` batch the batch axes of ``spec``
+    put on this process's devices (rows on several of them counted once)."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    lead = NamedSharding(mesh, PartitionSpec(*tuple(spec)[:1]))
+    spans = sorted({idx[0].indices(global_batch_size)[:2] for idx in
+                    lead.addressable_devices_indices_map((global_batch_size,)).values()})
+    held, end = 0, 0
+    for lo, hi in spans:  # contiguous shards: overlapping ones are counted once
+        held += max(0, hi - max(lo, end))
+        end = max(end, hi)
+    return held

@@ -100,6 +100,27 @@ def main():
     with open(cfg["out"], "w") as f:
         json.dump(report, f)
 
+    # A mesh of the caller's: the batch axis must give each host its own rows.
+    # One whose batch axis lies within each host (or is not sharded) failed at
+    # the first batch with JAX's "Invalid host data" instead of a named error.
+    from jax.sharding import Mesh, PartitionSpec
+
+    grid = np.array(jax.devices())  # host 0's devices, then host 1's
+    meshes = {
+        "across": (Mesh(grid.reshape(2, 4), ("data", "model")), PartitionSpec("data")),
+        "within": (Mesh(grid.reshape(4, 2), ("model", "data")), PartitionSpec("data")),
+        "unsharded": (Mesh(grid.reshape(2, 4), ("data", "model")), PartitionSpec(None, "data")),
+    }
+    layouts = {}
+    for name, (mesh, spec) in meshes.items():
+        try:
+            loader = JaxLoader(cfg["uri"], global_batch_size=16, mesh=mesh, partition_spec=spec)
+            layouts[name] = {"rows": local_rows(next(loader)["id"]).tolist()}
+            loader.close()
+        except Exception as e:  # noqa: BLE001 - reported
+            layouts[name] = {"error": f"{type(e).__name__}: {str(e)[:1000]}"}
+    Path(cfg["out"] + ".mesh.json").write_text(json.dumps(layouts))
+
     # A read error on host 0 (past its first groups of steps): host 0 raises it and
     # publishes it before its next exchange; host 1's exchange raises naming host 0
     # and its error; both took the same steps. The timeout is generous (a loaded

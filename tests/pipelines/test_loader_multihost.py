@@ -82,6 +82,14 @@ def test_two_hosts_unequal_shards(committed, ray_address, tmp_path):
     assert len(reports[0]["unknown-drop"]["sums"]) == 2 * (37 // 8)
     assert len(reports[0]["long-pad"]["sums"]) == 2 * -(-long_sizes[1] // 8)
     assert len(reports[0]["long-drop"]["sums"]) == 2 * (long_sizes[0] // 8)
+    meshes = [json.loads(Path(o + ".mesh.json").read_text()) for o in outs]
+    rows = [m["across"]["rows"] for m in meshes]
+    assert len(rows[0]) == len(rows[1]) == 8 and not set(rows[0]) & set(rows[1]), meshes
+    for m in meshes:
+        for name in ("within", "unsharded"):
+            assert m[name]["error"].startswith("SpecError: JaxLoader: the batch axes of "
+                                               "partition_spec"), m
+            assert "put 16 of the 16 rows of each batch on this host's devices" in m[name]["error"]
     errs = [json.loads(Path(o + ".error.json").read_text()) for o in outs]
     # A read error on host 0 ends both hosts after the same steps; host 1's error
     # names host 0 (and its error, once host 0 got as far as an exchange).
