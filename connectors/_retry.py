@@ -66,6 +66,9 @@ DEFAULT_READ_TIMEOUT_S = 120.0
 
 #: Added as a note to transient errors that outlived gcsfs's retries; matched
 #: by Ray Data's ``retried_io_errors`` (see :func:`configure_ray_data_retries`).
+#: No regular-expression metacharacters: it matches itself whether Ray Data
+#: matches those entries as substrings or as patterns (it warns that it will
+#: move to patterns).
 TRANSIENT_MARKER = "slicefeed: transient GCS error"
 
 # The undecorated request method: we re-apply gcsfs's own retry decorator
