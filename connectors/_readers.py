@@ -22,6 +22,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -393,6 +394,8 @@ def _read_json_lines(
         except pa.ArrowInvalid as e:
             if hi - lo == 1:
                 msg = str(e).splitlines()[0] if str(e) else "type mismatch"
+                # pyarrow counts rows from the start of what it read: this one line.
+                msg = re.sub(r" in row \d+\.?$", "", msg)
                 bad.append((rows[lo], linenos[lo], ("does not match the types of earlier "
                                                     f"lines ({printable(msg, 200)})"), lines[lo]))
                 continue
