@@ -146,6 +146,20 @@ def is_pattern(fs: Any, path: str) -> bool:
     return has_glob(path) and not fs.exists(path)
 
 
+def literal_base(fs: Any, path: str) -> str:
+    """The folder every file ``path`` names lies under, without a trailing
+    ``/``: the folder itself, a file's folder, or a glob's folders before its
+    first component with a glob character (``raw/*/a.jsonl`` -> ``raw``), so a
+    file's path below it tells apart files of one name in several folders."""
+    if is_pattern(fs, path):
+        parts = path.split("/")
+        first = next(i for i, part in enumerate(parts) if has_glob(part))
+        return "/".join(parts[:first])
+    if fs.isdir(path):
+        return path.rstrip("/")
+    return path.rsplit("/", 1)[0] if "/" in path else ""
+
+
 def expand_paths(resolved: ResolvedPath, *, suffixes: tuple[str, ...] = ()) -> list[str]:
     """Lists the files ``resolved`` names, sorted: a file, a directory, or a glob.
 

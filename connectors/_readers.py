@@ -41,7 +41,12 @@ from slicefeed.connectors._errors import (
     printable,
 )
 from slicefeed.connectors._formats import FORMATS, FileFormat, get_format, read_json_text
-from slicefeed.connectors._fs import ResolvedPath, expand_paths, is_pattern, resolve_filesystem
+from slicefeed.connectors._fs import (
+    ResolvedPath,
+    expand_paths,
+    literal_base,
+    resolve_filesystem,
+)
 from slicefeed.connectors._names import ERROR_COLUMN, PROVENANCE_FILE, PROVENANCE_ROW, RAW_COLUMN
 from slicefeed.connectors._watch import watching
 
@@ -103,10 +108,7 @@ class _SlicefeedFileDatasource(FileBasedDatasource):
         self._protocol = source.protocol
         # Relative paths are stable across storages (local vs gs://), so row
         # identity, and so seeded randomness, does not depend on where data lives.
-        base = source.path
-        if is_pattern(source.fs, base) or not source.fs.isdir(base):
-            base = base.rsplit("/", 1)[0] if "/" in base else ""
-        self._base = base.rstrip("/")
+        self._base = literal_base(source.fs, source.path)
         self._columns = list(columns) if columns is not None else None
         self._provenance = provenance
         self._watch = watch

@@ -376,6 +376,27 @@ def test_source_folder_named_with_glob_characters_is_read_as_written(ray_cluster
     assert sorted(r["id"] for r in read_dataset(f"{local_dir}/out").take_all()) == [1, 2]
 
 
+def test_glob_matching_one_file_name_in_two_folders_counts_both(ray_cluster, local_dir):
+    """`raw/*/events.jsonl` named both files by their base name: the run's
+    counters took the second file's batches for the first's and dropped them
+    (3 bad records uncounted, the run green under max_error_fraction 0), and
+    one quarantine file overwrote the other."""
+    from slicefeed.connectors import BadRecordError
+
+    put_bytes(f"{local_dir}/raw/d1/events.jsonl", b'{"id": 1}\n{"id": 2}\n{"id": 3}\n')
+    put_bytes(f"{local_dir}/raw/d2/events.jsonl", b'{"id": oops}\n{"id": 5}\n{"id": oops}\n')
+    spec = _spec(local_dir, "jsonl", on_error="skip", max_error_fraction=0.0)
+    spec["source"]["uri"] = f"{local_dir}/raw/*/events.jsonl"
+    with pytest.raises(BadRecordError, match=r"2 of 6 rows"):
+        Pipeline(spec).run()
+    report = Pipeline({**spec, "on_error": "quarantine", "max_error_fraction": 0.5}).run()
+    assert (report.rows_read, report.rows_written, report.rows_quarantined) == (6, 4, 2)
+    assert sorted(r["id"] for r in read_dataset(f"{local_dir}/out").take_all()) == [1, 2, 3, 5]
+    recs = _quarantined(f"{local_dir}/out")
+    assert sorted((r["_sf_file"], r["_sf_row"]) for r in recs) == [
+        ("d2/events.jsonl", 0), ("d2/events.jsonl", 2)]
+
+
 @pytest.mark.slow
 def test_csv_quote_never_closed_fails_instead_of_swallowing_rows(ray_cluster, local_dir):
     """pyarrow reads everything after a quote that never closes as one value:
