@@ -411,6 +411,7 @@ def list_inputs(sources: Sequence[tuple[str, str, dict[str, Any]]]) -> tuple[Inp
     committed-dataset source (format ``dataset``) is listed as its current
     manifest version.
     """
+    from slicefeed.connectors._formats import FORMATS
     from slicefeed.connectors._manifest import current_version, version_name
 
     out: list[InputFile] = []
@@ -421,7 +422,8 @@ def list_inputs(sources: Sequence[tuple[str, str, dict[str, Any]]]) -> tuple[Inp
             name = version_name(v) if v is not None else MANIFEST_NAME
             out.append(InputFile(r.join(name).uri, None, None if v is None else str(v)))
             continue
-        paths = expand_paths(r)
+        # The files a run reads: a folder's files named for its format.
+        paths = expand_paths(r, suffixes=FORMATS[fmt].listing_suffixes if fmt in FORMATS else ())
         # One detailed listing instead of a metadata request per file.
         try:
             if is_pattern(r.fs, r.path):

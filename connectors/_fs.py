@@ -18,7 +18,7 @@ from typing import Any
 
 import fsspec
 
-from slicefeed.connectors._errors import SpecError
+from slicefeed.connectors._errors import SpecError, printable
 
 _GLOB_CHARS = set("*?[")
 
@@ -160,33 +160,42 @@ def literal_base(fs: Any, path: str) -> str:
     return path.rsplit("/", 1)[0] if "/" in path else ""
 
 
-def expand_paths(resolved: ResolvedPath, *, suffixes: tuple[str, ...] = ()) -> list[str]:
+def expand_paths(resolved: ResolvedPath, *, suffixes: tuple[str, ...] = (),
+                 left_out: list[str] | None = None) -> list[str]:
     """Lists the files ``resolved`` names, sorted: a file, a directory, or a glob.
 
     Directories are walked recursively; hidden and underscore-prefixed files
     (``_manifest.json``, ``.crc``) are skipped, as Ray Data does, and when
-    ``suffixes`` is given only files ending in one of them are kept. A glob or
-    a single file is taken as written; a path that exists is not a glob (see
-    :func:`is_pattern`).
+    ``suffixes`` is given only files ending in one of them are kept (the
+    others are appended to ``left_out`` when given, for the caller to report).
+    A glob or a single file is taken as written; a path that exists is not a
+    glob (see :func:`is_pattern`).
 
     Raises:
         FileNotFoundError: naming the URI when nothing matches.
     """
     fs, path = resolved.fs, resolved.path
     pattern = is_pattern(fs, path)
+    other: list[str] = []
     if pattern:
         found = sorted(p for p in fs.glob(path) if not fs.isdir(p))
     elif fs.isdir(path):
-        found = sorted(
-            p
-            for p in fs.find(path)
-            if not any(part.startswith(("_", ".")) for part in p[len(path) :].split("/"))
-            and (not suffixes or p.endswith(suffixes))
-        )
+        found = []
+        for p in sorted(fs.find(path)):
+            if any(part.startswith(("_", ".")) for part in p[len(path):].split("/")):
+                continue
+            (found if not suffixes or p.endswith(suffixes) else other).append(p)
     elif fs.exists(path):
         found = [path]
     else:
         found = []
+    if left_out is not None:
+        left_out.extend(other)
+    if not found and other:
+        raise FileNotFoundError(
+            f"No file in {resolved.uri} is named *{', *'.join(suffixes)}; {len(other)} other "
+            f"file(s) are, such as {printable(other[0][len(path):].lstrip('/'), 80)!r}. Name "
+            "the files so, or give a glob that names them (a glob reads what it matches).")
     if not found:
         what = "matches the pattern" if pattern else "exists at"
         raise FileNotFoundError(

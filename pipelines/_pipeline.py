@@ -51,6 +51,7 @@ from slicefeed.connectors import (
     write_atomic,
 )
 from slicefeed.connectors._compat import task_retry_args, task_retry_options
+from slicefeed.connectors._errors import printable
 from slicefeed.connectors._formats import get_format
 from slicefeed.pipelines import _rerun
 from slicefeed.pipelines._spec import (
@@ -539,7 +540,9 @@ class RunReport:
     reshaped: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     ray_stats: str = ""
     #: Per source: uri, format, files, bytes (input size), rows_read; for a
-    #: mixture also name, rows (taken), weight and realised fraction.
+    #: mixture also name, rows (taken), weight and realised fraction; for a
+    #: folder holding files not named for the format (not read),
+    #: files_left_out and first_left_out.
     sources: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     bytes_read: int = 0
     versions: dict[str, str] = dataclasses.field(default_factory=_versions)
@@ -586,6 +589,12 @@ class RunReport:
             dropped.append(f"{self.rows_skipped} skipped as bad")
         if self.rows_quarantined:
             dropped.append(f"{self.rows_quarantined} quarantined")
+        for src in self.sources:
+            if src.get("files_left_out"):
+                dropped.append(
+                    f"did not read {src['files_left_out']} file(s) of {src['uri']} whose names "
+                    f"are not those of {src['format']} files, such as {src['first_left_out']!r} "
+                    "(name them so, or give a glob that names them)")
         eff = self.packing_efficiency
         if eff is not None:
             dropped.append(f"packing efficiency {eff:.1%}")
@@ -730,8 +739,13 @@ class Pipeline:
                     entry.update(files=len(m.files), bytes=m.num_bytes)
                 else:
                     r = resolve_filesystem(src.uri, **src.storage)
-                    paths = expand_paths(r)
+                    left_out: list[str] = []
+                    paths = expand_paths(r, suffixes=get_format(src.format).listing_suffixes,
+                                         left_out=left_out)
                     entry.update(files=len(paths), bytes=int(sum(r.fs.size(p) or 0 for p in paths)))
+                    if left_out:  # a folder's files not named for the format: not read
+                        entry.update(files_left_out=len(left_out), first_left_out=printable(
+                            left_out[0][len(r.path):].lstrip("/"), 80))
             except (OSError, ValueError):  # informative only
                 pass
             out.append(entry)

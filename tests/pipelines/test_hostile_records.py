@@ -397,6 +397,28 @@ def test_glob_matching_one_file_name_in_two_folders_counts_both(ray_cluster, loc
         ("d2/events.jsonl", 0), ("d2/events.jsonl", 2)]
 
 
+def test_folder_files_not_named_for_the_format_are_reported_not_listed(ray_cluster, local_dir):
+    """A folder source reads the files named for its format. Others (a
+    Hadoop-style `part-00001`, an upper-case `B.JSONL`) were left out without a
+    word, yet counted in the report's files and bytes and listed in the
+    manifest's inputs, so editing one later said an input had changed."""
+    from slicefeed.connectors import read_manifest
+
+    put_bytes(f"{local_dir}/raw/a.jsonl", b'{"id": 1}\n{"id": 2}\n')
+    put_bytes(f"{local_dir}/raw/part-00001", b'{"id": 3}\n{"id": 4}\n')
+    put_bytes(f"{local_dir}/raw/B.JSONL", b'{"id": 5}\n')
+    report = Pipeline(_spec(local_dir, "jsonl")).run()
+    assert report.rows_written == 2
+    (src,) = report.sources
+    assert (src["files"], src["files_left_out"], src["first_left_out"]) == (1, 2, "B.JSONL")
+    assert "did not read 2 file(s) of" in report.summary() and "'B.JSONL'" in report.summary()
+    assert [i.uri.rsplit("/", 1)[-1] for i in read_manifest(f"{local_dir}/out").inputs] == ["a.jsonl"]
+    os.remove(f"{local_dir}/raw/a.jsonl")
+    with pytest.raises(FileNotFoundError, match=r"No file in .*raw is named \*\.jsonl, \*\.json.*; "
+                                                r"2 other file\(s\) are, such as 'B\.JSONL'"):
+        Pipeline(_spec(local_dir, "jsonl")).run(overwrite=True)
+
+
 @pytest.mark.slow
 def test_csv_quote_never_closed_fails_instead_of_swallowing_rows(ray_cluster, local_dir):
     """pyarrow reads everything after a quote that never closes as one value:
