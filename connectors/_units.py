@@ -106,7 +106,8 @@ def _run_unit(target: ResolvedPath, unit: Unit, writer: str, read: Callable[[str
     """Ray task body: read one file, transform it, write its shard and side record."""
     table, counts = process(read(unit.path))
     entry: dict[str, Any] = {"index": unit.index, "key": unit.key, "writer": writer,
-                             "counts": counts, "path": None, "num_rows": 0}
+                             "counts": counts, "path": None, "num_rows": 0,
+                             "input": unit.input.uri}
     if table.num_rows:
         with watching(watch, f"write:{unit.shard(writer)}",
                       f"writing the shard of input file {unit.input.uri!r} to {target.uri}"):

@@ -42,6 +42,7 @@ from slicefeed.connectors._errors import (
     CommitConflictError,
     CorruptManifestError,
     MissingColumnError,
+    printable,
 )
 from slicefeed.connectors._fs import ResolvedPath, resolve_filesystem
 from slicefeed.connectors._manifest import (
@@ -168,21 +169,31 @@ class CommittedParquetDatasink(Datasink[dict]):
 
 
 def _common_schema(returns: list[dict], uri: str) -> pa.Schema | None:
+    """The one schema of a write's shards, or ValueError naming where two differ:
+    by input file where a shard is one input file's (``input``), else by shard."""
     schema: pa.Schema | None = None
+    first: dict = {}
     for r in returns:
         s = pa.ipc.read_schema(pa.py_buffer(r["schema"]))
         if schema is None:
-            schema = s
+            schema, first = s, r
         elif not s.equals(schema):
             diff = [
-                f"{f.name}: {schema.field(f.name).type if f.name in schema.names else 'missing'}"
-                f" vs {f.type}"
+                f"'{printable(f.name, 60)}': "
+                f"{schema.field(f.name).type if f.name in schema.names else 'missing'} vs {f.type}"
                 for f in s
                 if f.name not in schema.names or schema.field(f.name).type != f.type
-            ]
+            ] or ["the same columns in another order"]
+            more = f" and {len(diff) - 3} more" if len(diff) > 3 else ""
+
+            def where(rec: dict) -> str:
+                return (f"input file {printable(rec['input'], 200)}" if rec.get("input")
+                        else f"shard {rec['path']}")
+
             raise ValueError(
-                f"{uri}: shards of this write have different schemas ({'; '.join(diff)}, in "
-                f"{r['path']}). Add a `cast` transform so every batch has the same types."
+                f"{uri}: the rows of {where(first)} and of {where(r)} have different types "
+                f"({'; '.join(diff[:3])}{more}). Add a `cast` transform so every batch has "
+                "the same types."
             )
     return schema
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -417,6 +418,22 @@ def test_folder_files_not_named_for_the_format_are_reported_not_listed(ray_clust
     with pytest.raises(FileNotFoundError, match=r"No file in .*raw is named \*\.jsonl, \*\.json.*; "
                                                 r"2 other file\(s\) are, such as 'B\.JSONL'"):
         Pipeline(_spec(local_dir, "jsonl")).run(overwrite=True)
+
+
+def test_input_files_whose_types_differ_are_named_in_a_bounded_message(ray_cluster, local_dir):
+    """Two CSV files typing one column int64 and double: the error named output
+    shards rather than the input files, and quoted the column name whole (a
+    200 kB name with a terminal escape came back as a 200 kB message)."""
+    name = "c\x1b[31m" + "x" * 200_000
+    put_bytes(f"{local_dir}/raw/a.csv", f"id,{name}\n1,1\n".encode())
+    put_bytes(f"{local_dir}/raw/b.csv", f"id,{name}\n2,1.5\n".encode())
+    with pytest.raises(ValueError) as e:
+        Pipeline(_spec(local_dir, "csv", on_error="fail")).run()
+    msg = str(e.value)
+    assert len(msg) < 1000 and "\x1b" not in msg, msg[:300]
+    assert re.search(r"the rows of input file .*raw/[ab]\.csv and of input file .*raw/[ab]\.csv "
+                     r"have different types \('c\\x1b\[31mxxx.*': (int64 vs double|double vs int64)",
+                     msg), msg
 
 
 @pytest.mark.slow
