@@ -183,16 +183,39 @@ class Lease:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self.refresh_error: BaseException | None = None
+        #: Wall-clock time of the last refresh that was written (0: none yet).
+        self._refreshed_at = 0.0
+        #: Why this lease is no longer held, once it is not; it is never taken back.
+        self._lost: str | None = None
 
-    def _doc(self) -> bytes:
+    def _doc(self, now: float) -> bytes:
         return json.dumps({
-            "writer": self.writer_id, "refreshed_at": time.time(), "ttl_s": self.ttl_s,
+            "writer": self.writer_id, "refreshed_at": now, "ttl_s": self.ttl_s,
             "adopted": sorted(self.adopted), "pid": os.getpid(),
         }).encode()
 
     def refresh(self) -> None:
+        """Rewrites the lease, unless it was lost. Others judge a lease dead once
+        it is ``ttl_s`` old (by their clocks) and then remove it and its writer's
+        files: a lease not refreshed for that long (this process paused, storage
+        out of reach) or no longer there is lost for good, never written again,
+        so that a writer judged dead cannot commit files that may be gone."""
         with self._lock:
-            write_atomic(self.location, self._doc())
+            if self._lost is not None:
+                return
+            now = time.time()
+            if self._refreshed_at and now - self._refreshed_at >= self.ttl_s:
+                self._lost = (f"this writer's lease was not refreshed for "
+                              f"{now - self._refreshed_at:.0f} s (the process was paused, or "
+                              f"storage was out of reach), longer than its {self.ttl_s:.0f} s "
+                              "lifetime, so other writers may have removed its shards")
+                return
+            if self._refreshed_at and not self.location.fs.exists(self.location.path):
+                self._lost = ("this writer's lease was removed by another writer's cleanup, "
+                              "which judged it dead and may have removed its shards")
+                return
+            write_atomic(self.location, self._doc(now))
+            self._refreshed_at = now
 
     def adopt(self, names: Iterable[str]) -> None:
         """Claims files (names directly in the prefix) for this writer; refreshes at once."""
@@ -216,19 +239,33 @@ class Lease:
         self._thread.start()
         return self
 
-    def held(self) -> bool:
-        """Whether the lease object is still there and ours (nobody judged us dead)."""
+    def lost(self) -> str | None:
+        """Why this writer no longer holds its lease (see :meth:`refresh`), or None:
+        refreshed now, continuously, and still there as its own."""
+        try:
+            self.refresh()
+        except Exception as e:  # noqa: BLE001 - a lease that cannot be written is not held
+            return f"this writer's lease could not be refreshed ({type(e).__name__})"
+        if self._lost is not None:
+            return self._lost
         try:
             doc = json.loads(self.location.fs.cat_file(self.location.path))
         except (FileNotFoundError, ValueError):
-            return False
-        return doc.get("writer") == self.writer_id
+            return "this writer's lease was removed by another writer's cleanup"
+        if doc.get("writer") != self.writer_id:
+            return "this writer's lease was replaced"
+        return None
+
+    def held(self) -> bool:
+        """Whether this writer still holds its lease (see :meth:`lost`)."""
+        return self.lost() is None
 
     def release(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
         with self._lock:
+            self._lost = self._lost or "released"
             _rm(self.location.fs, self.location.path)
 
 
@@ -313,10 +350,22 @@ def cleanup(target: ResolvedPath, *, keep_writers: Sequence[str] = ()) -> list[s
 
 def remove_own(target: ResolvedPath, writer_id: str, names: Iterable[str],
                sidecars: Iterable[str] = ()) -> None:
-    """Deletes files this writer wrote (shards named with its id, its sidecars) and nothing else."""
+    """Deletes files this writer wrote (shards named with its id, its sidecars)
+    and nothing else: not a shard a retained version lists or a live writer
+    adopted (a rerun may have taken over the shards of this writer while it was
+    judged dead, and committed them). Deletes no shard while a retained
+    version cannot be parsed."""
+    names = [n for n in names if shard_writer(n) == writer_id]
+    if names:
+        versions, bad = _retained(target)
+        if bad:
+            logger.warning("not removing the shards of %s in %s: %s cannot be parsed",
+                           writer_id, target.uri, ", ".join(bad))
+            names = []
+        keep = {f.path for m in versions.values() for f in m.files} | live_writers(target)[1]
+        names = [n for n in names if n not in keep]
     for name in names:
-        if shard_writer(name) == writer_id:
-            _rm(target.fs, target.join(name).path)
+        _rm(target.fs, target.join(name).path)
     for s in sidecars:
         if s.split("/")[-1].removesuffix(".json") == writer_id:
             _rm(target.fs, target.join(s).path, recursive=True)

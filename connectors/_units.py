@@ -249,7 +249,7 @@ def write_units(
     """
     import ray
 
-    from slicefeed.connectors._writers import _common_schema, _own_shards, commit_version
+    from slicefeed.connectors._writers import _common_schema, _own_shards, commit_held
 
     versions = list_versions(target)
     parent = max(versions) if versions else None
@@ -318,13 +318,7 @@ def write_units(
         )
         if before_commit is not None:
             before_commit(manifest, [r.get("counts") or {} for r in ordered])
-        if not lease.held():
-            from slicefeed.connectors._errors import CommitConflictError
-
-            raise CommitConflictError(
-                f"{target.uri}: this writer's lease ({lease.location.uri}) was lost, so its "
-                "shards may have been removed; nothing was committed. Run again.")
-        commit_version(target, manifest)
+        commit_held(target, lease, manifest)
         committed = True
     finally:
         if not committed:

@@ -198,6 +198,28 @@ def _common_schema(returns: list[dict], uri: str) -> pa.Schema | None:
     return schema
 
 
+def commit_held(target: ResolvedPath, lease: Lease, manifest: Manifest) -> None:
+    """Commits ``manifest`` (see :func:`commit_version`) only while this writer
+    holds ``lease`` and every shard it lists is there: a writer judged dead
+    (paused past its lease's lifetime) may have had its shards removed by a
+    cleanup, and a version listing a missing shard is a dataset nobody can read.
+
+    Raises:
+        CommitConflictError: the lease was lost or a shard is gone; nothing committed.
+    """
+    why = lease.lost()
+    if why is None:
+        present = set(list_names(target))
+        missing = [f.path for f in manifest.files if f.path not in present]
+        if missing:
+            why = (f"{len(missing)} of the shards this writer wrote are gone, such as "
+                   f"{missing[0]} (removed while it ran)")
+    if why is not None:
+        raise CommitConflictError(
+            f"{target.uri}: {why}; nothing was committed. Run the job again.")
+    commit_version(target, manifest)
+
+
 def commit_version(target: ResolvedPath, manifest: Manifest) -> None:
     """Creates ``manifest`` as version ``manifest.version`` of ``target``, put-if-absent.
 
@@ -333,13 +355,7 @@ def write_parquet(
         )
         if before_commit is not None:
             before_commit(manifest)
-        if not lease.held():
-            raise CommitConflictError(
-                f"{target.uri}: this writer's lease ({lease.location.uri}) was lost (not "
-                f"refreshed for {lease.ttl_s:.0f} s, and removed by another writer's cleanup), "
-                "so its shards may have been removed; nothing was committed. Run again.",
-            )
-        commit_version(target, manifest)
+        commit_held(target, lease, manifest)
         committed = True
     finally:
         if not committed:

@@ -140,6 +140,30 @@ def test_cleanup_never_removes_a_live_writers_or_adopted_shards(ray_cluster, bas
     assert _shards(base_uri) == {f.path for f in m.files}
 
 
+def test_a_losing_writer_never_removes_committed_or_adopted_shards(ray_cluster, base_uri):
+    """A writer judged dead (paused past its lease) whose finished shards a
+    rerun adopted and committed removed them when it resumed and lost: its
+    cleanup deleted every shard named with its id, and the committed version
+    listed missing files. A writer removes only its shards that no retained
+    version lists and no live writer adopted."""
+    from slicefeed.connectors._commit import remove_own
+
+    target = resolve_filesystem(base_uri)
+    m = write_parquet(_ds(6), base_uri)
+    (writer,) = {f.writer for f in m.files}
+    other = Lease(target, "rerunwriter1", ttl_s=600).start()
+    try:
+        extra = [f"part-00009-{writer}.parquet", f"part-00010-{writer}.parquet"]
+        for name in extra:
+            target.fs.pipe_file(target.join(name).path, b"shard bytes")
+        other.adopt(extra[:1])
+        remove_own(target, writer, [f.path for f in m.files] + extra)
+        assert _shards(base_uri) == {f.path for f in m.files} | {extra[0]}
+    finally:
+        other.release()
+    assert _values(base_uri) == list(range(6))
+
+
 def _write_v1(local_dir: str, sizes: list[int]) -> None:
     """A dataset as slicefeed 0.1 wrote it: part files and a v1 ``_manifest.json``."""
     import base64

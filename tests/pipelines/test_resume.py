@@ -327,6 +327,71 @@ def test_sigkill_after_half_the_shards_rerun_reuses_them(ray_cluster, tmp_path, 
           f"({report['bytes_read'] / total:.0%}); reused {report['shards_reused']} shards")
 
 
+def _gated_spec(tmp_path) -> tuple[str, str, str, str]:
+    """A spec whose second half of input files waits for ``<gate>/released``:
+    (spec, sink, the marker written once a file is held, the release file)."""
+    raw = str(tmp_path / "raw data")
+    _corpus(raw)
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    sink = str(tmp_path / "out set")
+    path = tmp_path / "gate.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "gate",
+        "source": {"format": "jsonl", "uri": raw},
+        "transforms": [
+            {"test_gate": {"folder": str(gate),
+                           "match": [f"f{f:02d}" for f in range(N_FILES // 2, N_FILES)],
+                           "seconds": 300}},
+            {"cast": {"columns": {"id": "int32"}}},
+        ],
+        "sink": {"format": "parquet", "uri": sink},
+    }))
+    return str(path), sink, str(gate / "held"), str(gate / "released")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_writer_paused_past_its_lease_never_commits_removed_shards(ray_cluster, tmp_path,
+                                                                   monkeypatch):
+    """A writer paused past its lease's lifetime (SIGSTOP here; a paused VM or
+    a stalled host do the same) is judged dead by a vacuum, which removes its
+    shards and its lease. Resumed, its lease thread wrote the lease again, and
+    it committed a version listing the removed shards (exit 0; every rerun then
+    said there was nothing to do). It must fail, and the version it meant to
+    replace stay current and whole."""
+    spec, sink, held, release = _gated_spec(tmp_path)
+    open(release, "w").close()
+    rc, out, err = _finish(_cli(["run", spec]))
+    assert rc == 0, err
+    os.remove(release)
+    v1 = read_manifest(sink)
+
+    monkeypatch.setenv("SLICEFEED_LEASE_TTL_S", str(LEASE_TTL_S))
+    proc = _cli(["run", spec, "--set", "seed=7", "--overwrite"])
+    monkeypatch.delenv("SLICEFEED_LEASE_TTL_S")
+    try:
+        deadline = time.monotonic() + 240
+        while not (os.path.exists(held) and len(_shards(sink)) >= len(v1.files) + N_FILES // 2):
+            assert proc.poll() is None, f"run ended before the pause: {proc.communicate()}"
+            assert time.monotonic() < deadline, f"the run never got half way: {_shards(sink)}"
+            time.sleep(0.2)
+        os.kill(proc.pid, signal.SIGSTOP)
+        time.sleep(LEASE_TTL_S + 1.5)
+        rc, out, err = _finish(_cli(["vacuum", sink, "--retain-hours", "10000"]))
+        assert rc == 0, err
+        assert len(_shards(sink)) == len(v1.files), "the vacuum left the paused writer's shards"
+        open(release, "w").close()
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    rc, out, err = _finish(proc)
+    assert rc == 1 and "nothing was committed" in err, (rc, out, err)
+    m = read_manifest(sink)
+    assert m.version == 1 and m.fingerprint == v1.fingerprint
+    assert _shards(sink) == sorted(f.path for f in m.files)
+    assert _ids(sink) == list(range(N_FILES * ROWS))
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.slow
 def test_dataset_level_op_reports_that_a_rerun_recomputes_everything(ray_cluster, tmp_path):
