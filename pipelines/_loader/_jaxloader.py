@@ -187,15 +187,29 @@ class JaxLoader:
         self.process_index = placement.process_index
         self.sharding = placement.sharding
 
-        src = make_source(
-            source,
-            opts.storage_options,
-            process_index=self.process_index,
-            process_count=self.process_count,
-            host_local=opts.host_local,
-            first_read=None if opts.shuffle else (lb, opts.ray_prefetch_batches),
-            version=_state_dataset_version(state),
-        )
+        agreement = Agreement(self.process_index, self.process_count, opts.sync_timeout_s)
+
+        def open_source(version: int | None):
+            return make_source(
+                source,
+                opts.storage_options,
+                process_index=self.process_index,
+                process_count=self.process_count,
+                host_local=opts.host_local,
+                first_read=None if opts.shuffle else (lb, opts.ray_prefetch_batches),
+                version=version,
+            )
+
+        src = open_source(_state_dataset_version(state))
+        if isinstance(src, ManifestSource) and self.process_count > 1 and (
+                _state_dataset_version(state) is None):
+            # Each host opened the dataset's current version: a commit between two
+            # hosts' reads (a nightly overwrite) would give them other rows and
+            # step counts, and the SPMD program would hang. All read the newest
+            # version any of them opened.
+            newest = max(int(v) for v in agreement.exchange("dataset_version", str(src.version)))
+            if newest != src.version:
+                src = open_source(newest)
         self._source = src
         shares = src.share_sizes(self.process_count)
         if shares is not None and sum(shares) == 0:
@@ -225,7 +239,6 @@ class JaxLoader:
         )
 
         # --- equal steps
-        agreement = Agreement(self.process_index, self.process_count, opts.sync_timeout_s)
         if shares is None and src.local_rows() is not None:
             got = agreement.exchange("count", str(int(src.local_rows())))
             shares = [int(v) for v in got]

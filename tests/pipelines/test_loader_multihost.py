@@ -244,3 +244,51 @@ def test_elastic_resume_on_other_host_counts(committed, tmp_path):
                 assert sorted(ids) == list(range(n)), f"{name} epoch {epoch}"
             else:
                 assert n - len(ids) < dst * lb, (name, epoch, n - len(ids))
+
+
+@pytest.mark.slow
+def test_hosts_read_one_version_when_a_commit_lands_between_them(local_dir, tmp_path):
+    """Each host opened the dataset's current version by itself: a version
+    committed between two hosts' opens (a nightly overwrite while a job
+    starts) gave one host 2 steps of version 1 and the other 3 of version 2,
+    rows of both lost, and a collective one host never joins. The hosts read
+    the newest version any of them opened."""
+    import dataclasses
+    import time
+
+    from slicefeed.connectors import read_manifest, resolve_filesystem
+    from slicefeed.connectors._manifest import version_name
+    from tests.pipelines._data import write_committed
+
+    uri = str(tmp_path / "data")
+    write_committed(uri, [8])
+    newer = str(tmp_path / "newer")
+    write_committed(newer, [12])
+    port = free_port()
+    procs = [run_worker("_version_worker.py", {"coordinator": f"127.0.0.1:{port}",
+                                               "process_id": pid, "uri": uri,
+                                               "dir": str(tmp_path)},
+                        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
+             for pid in range(2)]
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "opening").exists():
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), (
+            [p.communicate()[0][-2000:] for p in procs if p.poll() is not None])
+        time.sleep(0.05)
+    time.sleep(3)  # host 0 has read version 1's manifest
+    # Version 2: 12 other rows (ids 0..11 again, files of another name).
+    m = read_manifest(newer)
+    root = resolve_filesystem(uri)
+    files = []
+    for f in m.files:
+        name = "v2-" + f.path
+        root.fs.pipe_file(root.join(name).path, (Path(newer) / f.path).read_bytes())
+        files.append(dataclasses.replace(f, path=name))
+    v2 = dataclasses.replace(m, files=tuple(files), version=2, parent=1)
+    root.fs.pipe_file(root.join(version_name(2)).path, v2.to_json().encode())
+    (tmp_path / "committed").touch()
+    wait_all(procs, timeout=300)
+    r0, r1 = (json.loads((tmp_path / f"host{h}.json").read_text()) for h in range(2))
+    assert r0["version"] == r1["version"] == 2, (r0, r1)
+    assert r0["steps"] == r1["steps"] == 3
+    assert sorted(r0["ids"] + r1["ids"]) == list(range(12))
