@@ -205,17 +205,57 @@ def _skip_batches(tables: Iterator[pa.Table], n: int, on_read=None) -> Iterator[
 
 def _ray_tables(obj: Any, epoch: int, skip_rows: int, ctx: ReadContext) -> Iterator[pa.Table]:
     """Arrow tables of ``ctx.batch_rows`` rows from a Dataset / DataIterator (any block
-    format: Ray converts pandas blocks), with Ray's seeded local shuffle if asked."""
-    shuffle = ctx.shuffle
-    it = obj.iter_batches(
+    format: Ray converts pandas blocks), shuffled by :func:`shuffled` if asked."""
+    it = iter(obj.iter_batches(
         batch_size=ctx.batch_rows,
         batch_format="pyarrow",
         prefetch_batches=ctx.ray_prefetch_batches,
         drop_last=False,
-        local_shuffle_buffer_size=ctx.shuffle_buffer_rows if shuffle else None,
-        local_shuffle_seed=(ctx.seed * 1_000_003 + epoch) % (2**32) if shuffle else None,
-    )
-    yield from _skip_batches(iter(it), skip_rows // ctx.batch_rows, ctx.on_read)
+    ))
+    if ctx.shuffle:
+        it = shuffled(it, ctx.batch_rows, ctx.shuffle_buffer_rows,
+                      (ctx.seed * 1_000_003 + epoch) % (2**32))
+    yield from _skip_batches(it, skip_rows // ctx.batch_rows, ctx.on_read)
+
+
+def shuffled(tables: Iterator[pa.Table], batch_rows: int, buffer_rows: int,
+             seed: int) -> Iterator[pa.Table]:
+    """Tables of ``batch_rows`` rows (the last one shorter) drawn at random from
+    a buffer of at least ``buffer_rows`` rows, as a function of the rows' order
+    and ``seed`` only: not of how the source cut them into tables (Ray's local
+    shuffle buffer follows its blocks, and a source may cut the same rows
+    otherwise on every run, a mixture's sort for one), so a resumed epoch,
+    replayed and skipped to its step, repeats the batches already delivered.
+
+    Once the buffer holds ``2 * buffer_rows`` rows it is permuted once and all
+    but ``buffer_rows`` of them (whole batches) are delivered: each row is
+    copied about twice.
+    """
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    buffer_rows = max(int(buffer_rows), batch_rows)
+    held: list[pa.Table] = []
+    rows = 0
+
+    def draw(keep: int) -> Iterator[pa.Table]:
+        nonlocal held, rows
+        table = pa.concat_tables(held)
+        order = rng.permutation(table.num_rows)
+        give = (table.num_rows - keep) // batch_rows * batch_rows if keep else table.num_rows
+        out = table.take(order[:give])
+        held, rows = [table.take(order[give:])], table.num_rows - give
+        for start in range(0, give, batch_rows):
+            yield out.slice(start, batch_rows)
+
+    for table in tables:
+        if table.num_rows:
+            held.append(table)
+            rows += table.num_rows
+        if rows >= 2 * buffer_rows:
+            yield from draw(keep=buffer_rows)
+    if rows:
+        yield from draw(keep=0)
 
 
 # --------------------------------------------------------------------------- committed
