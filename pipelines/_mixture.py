@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from slicefeed.connectors import PROVENANCE_FILE, PROVENANCE_ROW, MissingColumnError, SpecError
+from slicefeed.connectors._names import ERROR_COLUMN, RAW_COLUMN
 from slicefeed.transforms._hashing import GOLDEN, mix64
 from slicefeed.transforms._hashing import str_hash64 as _str_hash64
 
@@ -47,10 +48,15 @@ class _Sizes:
         self.index = index
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        schema = batch.schema.serialize().to_pybytes()
+        # The schema of the source's data: bad records' columns (error, raw bytes)
+        # left out, and none from a block of bad records only, which has no data
+        # columns (a source's first file may be all bad records).
+        data = batch.drop_columns([c for c in (ERROR_COLUMN, RAW_COLUMN) if c in batch.column_names])
+        schema = (None if ERROR_COLUMN in batch.column_names and set(data.column_names)
+                  <= {PROVENANCE_FILE, PROVENANCE_ROW} else data.schema.serialize().to_pybytes())
         if not all(c in batch.column_names for c in (PROVENANCE_FILE, PROVENANCE_ROW)):
             return pa.table({"src": [self.index], "f": pa.array([None], pa.string()),
-                             "m": pa.array([-1], pa.int64()), "schema": [schema]})
+                             "m": pa.array([-1], pa.int64()), "schema": pa.array([schema], pa.binary())})
         g = batch.select([PROVENANCE_FILE, PROVENANCE_ROW]).group_by(
             PROVENANCE_FILE, use_threads=False
         ).aggregate([(PROVENANCE_ROW, "max")])
@@ -74,7 +80,7 @@ def _survey(dss: Sequence[ray.data.Dataset]) -> tuple[list[dict[str, int]], list
     for b in merged.iter_batches(batch_format="pyarrow", batch_size=None):
         cols = b.to_pydict()
         for i, f, m, sch in zip(cols["src"], cols["f"], cols["m"], cols["schema"]):
-            if schemas[i] is None:
+            if schemas[i] is None and sch is not None:
                 schemas[i] = pa.ipc.read_schema(pa.py_buffer(sch))
             if f is not None:
                 sizes[i][f] = max(sizes[i].get(f, 0), int(m) + 1)
@@ -129,24 +135,30 @@ def interleave(
         if isinstance(w, bool) or not isinstance(w, (int, float)) or not (w > 0 and math.isfinite(w)):
             raise SpecError(f"interleave: weight of source {name!r} must be a positive number; got {w!r}")
     file_sizes, schemas = _survey(dss)
-    for name, s in zip(names, schemas):
-        if s is None:
+    sizes = [sum(fs.values()) for fs in file_sizes]
+    # A source without a schema but with rows holds bad records only: they are
+    # mixed in and counted as bad like any others.
+    for name, s, n in zip(names, schemas, sizes):
+        if s is None and n == 0:
             raise SpecError(f"interleave: source {name!r} is empty; a mixture needs rows from every source")
-        missing = [c for c in (PROVENANCE_FILE, PROVENANCE_ROW) if c not in s.names]
+        missing = [c for c in (PROVENANCE_FILE, PROVENANCE_ROW) if s is not None and c not in s.names]
         if missing:
             raise MissingColumnError(
                 f"interleave: source {name!r} lacks the provenance columns {missing}; read it "
                 "with provenance=True"
             )
-    for name, s in zip(names[1:], schemas[1:]):
-        if s.names != schemas[0].names or s.types != schemas[0].types:
+    known = [(name, s) for name, s in zip(names, schemas) if s is not None]
+    if not known:
+        raise SpecError("interleave: every record of every source is bad; there is nothing to mix")
+    first, base = known[0]
+    for name, s in known[1:]:
+        if s.names != base.names or s.types != base.types:
             raise SpecError(
                 f"interleave: source {name!r} has columns "
-                f"{', '.join(f'{f.name}: {f.type}' for f in s)}; source {names[0]!r} has "
-                f"{', '.join(f'{f.name}: {f.type}' for f in schemas[0])}. Mixed sources need "
+                f"{', '.join(f'{f.name}: {f.type}' for f in s)}; source {first!r} has "
+                f"{', '.join(f'{f.name}: {f.type}' for f in base)}. Mixed sources need "
                 "the same schema (select/cast them first)."
             )
-    sizes = [sum(fs.values()) for fs in file_sizes]
     for name, n in zip(names, sizes):
         if n == 0:
             raise SpecError(f"interleave: source {name!r} is empty; a mixture needs rows from every source")

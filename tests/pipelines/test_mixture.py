@@ -137,3 +137,25 @@ def test_pipeline_sources_mixture_reports_per_source_counts(sources, ray_cluster
         return sorted((r["src"], r["v"]) for r in read_dataset(os.path.join(local_dir, name)).iter_rows())
 
     assert rows("mixed") == rows("mixed2") and again.sources == report.sources
+
+
+@pytest.mark.slow
+def test_mixture_source_whose_first_file_is_all_bad_records(sources, ray_cluster, local_dir):
+    """A source whose first file held only bad records (its blocks have no data
+    columns) failed the run under `on_error: skip` as a schema mismatch listing
+    slicefeed's internal columns; its bad records are mixed in and counted."""
+    from slicefeed.pipelines import Pipeline
+
+    bad = os.path.join(local_dir, "code", "part-0.jsonl")  # sorts first in its source
+    with open(bad, "w") as f:
+        f.write('{"src": oops}\n' * 15)
+    spec = {
+        "name": "mix", "seed": 3, "on_error": "skip", "max_error_fraction": 0.5,
+        "sources": [{"name": n, "format": "jsonl", "uri": sources[n], "weight": 1}
+                    for n in ("web", "code")],
+        "sink": {"format": "parquet", "uri": os.path.join(local_dir, "mixed")},
+    }
+    report = Pipeline(spec).run()
+    taken = {src["name"]: src["rows"] for src in report.sources}
+    assert taken == {"web": 25, "code": 25}
+    assert report.rows_skipped == 15 and report.rows_written == 35
