@@ -52,7 +52,7 @@ from slicefeed.connectors import (
 )
 from slicefeed.connectors._compat import task_retry_args, task_retry_options
 from slicefeed.connectors._errors import printable
-from slicefeed.connectors._formats import get_format
+from slicefeed.connectors._formats import FORMATS, get_format
 from slicefeed.pipelines import _rerun
 from slicefeed.pipelines._spec import (
     PipelineSpec,
@@ -1001,6 +1001,17 @@ class Pipeline:
         files = _rerun.transform_file_digests(self.spec)
         return _rerun.fingerprint_parts(self.fingerprint, inputs, files), inputs
 
+    def _as_listed_now(self, inputs: Sequence[Any]) -> tuple[Any, ...]:
+        """A committed input listing without the files this version leaves out of
+        a folder's listing (not named for the format; see ``expand_paths``)."""
+        suffixes: list[str] = []
+        for src in self.spec.sources:
+            fmt = FORMATS.get(src.format)
+            if fmt is None or not fmt.listing_suffixes:  # a dataset, or text: every file
+                return tuple(inputs)
+            suffixes += fmt.listing_suffixes
+        return tuple(i for i in inputs if str(i.uri).endswith(tuple(suffixes)))
+
     def decide(self, *, overwrite: bool = False) -> RunReport | None:
         """Whether a run has anything to do, decided from storage alone (no Ray).
 
@@ -1030,6 +1041,12 @@ class Pipeline:
         if existing.fingerprint == fp:
             return _already_committed(self.name, target.uri, fp, existing)
         old_parts = existing.metadata.get(_rerun.PARTS_KEY)
+        if (isinstance(old_parts, dict) and existing.inputs is not None
+                and _rerun.same_but_listing(old_parts, parts)
+                and _rerun.listing_digest(self._as_listed_now(existing.inputs)) == parts["inputs"]):
+            # Committed by a slicefeed that also listed a folder's files not named
+            # for the format (never read): the same input.
+            return _already_committed(self.name, target.uri, existing.fingerprint, existing)
         old_spec = old_parts.get("spec") if isinstance(old_parts, dict) else existing.fingerprint
         if old_spec != self.fingerprint:
             raise AlreadyCommittedError(

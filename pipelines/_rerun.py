@@ -83,13 +83,23 @@ def _listing_doc(inputs: Sequence[Any]) -> list[list[Any]]:
                   for i in inputs)
 
 
+def listing_digest(inputs: Sequence[Any] | None) -> str | None:
+    """SHA-256 of an input listing (its part of the fingerprint)."""
+    return None if inputs is None else hashlib.sha256(
+        json.dumps(_listing_doc(inputs)).encode()).hexdigest()
+
+
 def fingerprint_parts(spec_fingerprint: str, inputs: Sequence[Any] | None,
                       files: Mapping[str, str]) -> dict[str, Any]:
     """The parts a run's fingerprint is made of (stored in the manifest's metadata)."""
-    listing = None if inputs is None else hashlib.sha256(
-        json.dumps(_listing_doc(inputs)).encode()).hexdigest()
-    return {"spec": spec_fingerprint, "inputs": listing, "files": dict(sorted(files.items())),
-            "format_version": OUTPUT_FORMAT_VERSION}
+    return {"spec": spec_fingerprint, "inputs": listing_digest(inputs),
+            "files": dict(sorted(files.items())), "format_version": OUTPUT_FORMAT_VERSION}
+
+
+def same_but_listing(old_parts: Mapping[str, Any], parts: Mapping[str, Any]) -> bool:
+    """Whether two runs' fingerprint parts agree except for the input listing."""
+    return ({k: v for k, v in old_parts.items() if k != "inputs"}
+            == {k: v for k, v in parts.items() if k != "inputs"})
 
 
 def combine(parts: Mapping[str, Any]) -> str:

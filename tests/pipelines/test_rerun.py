@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
+from slicefeed.connectors import AlreadyCommittedError
 from slicefeed.pipelines._rerun import (
     OUTPUT_FORMAT_VERSION,
     combine,
@@ -62,3 +65,44 @@ def test_format_version_is_part_of_the_fingerprint():
     assert what_changed(old, parts, [], []) == [
         (f"the output format version changed (committed: {OUTPUT_FORMAT_VERSION - 1}, "
         f"this slicefeed: {OUTPUT_FORMAT_VERSION})")]
+
+
+def test_dataset_whose_listing_held_unread_files_is_still_committed(ray_cluster, local_dir):
+    """slicefeed used to list a folder's files not named for its format (never
+    read) in the fingerprint and the manifest's inputs. Once they left the
+    listing, the rerun of such a dataset on unchanged input was refused as
+    "committed by this pipeline from other input: 1 input file removed"."""
+    import json
+    import os
+
+    from slicefeed.connectors import read_manifest
+    from slicefeed.connectors._manifest import InputFile, version_name
+    from slicefeed.pipelines import Pipeline
+    from slicefeed.pipelines._rerun import PARTS_KEY, listing_digest
+
+    raw, out = os.path.join(local_dir, "raw"), os.path.join(local_dir, "out")
+    os.makedirs(raw)
+    with open(os.path.join(raw, "a.jsonl"), "w") as f:
+        f.write("".join(json.dumps({"id": i}) + "\n" for i in range(5)))
+    with open(os.path.join(raw, "README.md"), "w") as f:
+        f.write("notes\n")
+    spec = {"name": "t", "source": {"format": "jsonl", "uri": raw},
+            "sink": {"format": "parquet", "uri": out}}
+    Pipeline(spec).run()
+    m = read_manifest(out)
+    # The same commit as the earlier listing recorded it: README.md listed too.
+    readme = os.path.join(raw, "README.md")
+    inputs = (*m.inputs, InputFile(readme, 6, str(os.stat(readme).st_mtime_ns)))
+    parts = {**m.metadata[PARTS_KEY], "inputs": listing_digest(inputs)}
+    legacy = dataclasses.replace(m, inputs=inputs, fingerprint=combine(parts), version=2, parent=1,
+                                 metadata={**m.metadata, PARTS_KEY: parts})
+    with open(os.path.join(out, version_name(2)), "w") as f:
+        f.write(legacy.to_json())
+    assert read_manifest(out).fingerprint != m.fingerprint
+    report = Pipeline(spec).decide()
+    assert report is not None and report.status == "already_committed"
+    # A file of the format added since is new input all the same.
+    with open(os.path.join(raw, "b.jsonl"), "w") as f:
+        f.write('{"id": 9}\n')
+    with pytest.raises(AlreadyCommittedError, match="1 input file added"):
+        Pipeline(spec).decide()
