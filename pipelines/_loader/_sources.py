@@ -227,20 +227,22 @@ def shuffled(tables: Iterator[pa.Table], batch_rows: int, buffer_rows: int,
     otherwise on every run, a mixture's sort for one), so a resumed epoch,
     replayed and skipped to its step, repeats the batches already delivered.
 
-    Once the buffer holds ``2 * buffer_rows`` rows it is permuted once and all
-    but ``buffer_rows`` of them (whole batches) are delivered: each row is
-    copied about twice.
+    Whenever the buffer reaches exactly ``2 * buffer_rows`` rows it is permuted
+    once and all but ``buffer_rows`` of them (whole batches) are delivered:
+    each row is copied about twice. Tables whose types differ (a column all
+    null in one) are unified as Ray's own buffer did.
     """
     import numpy as np
 
     rng = np.random.default_rng(seed)
     buffer_rows = max(int(buffer_rows), batch_rows)
+    full = 2 * buffer_rows
     held: list[pa.Table] = []
     rows = 0
 
     def draw(keep: int) -> Iterator[pa.Table]:
         nonlocal held, rows
-        table = pa.concat_tables(held)
+        table = pa.concat_tables(held, promote_options="default")
         order = rng.permutation(table.num_rows)
         give = (table.num_rows - keep) // batch_rows * batch_rows if keep else table.num_rows
         out = table.take(order[:give])
@@ -249,11 +251,13 @@ def shuffled(tables: Iterator[pa.Table], batch_rows: int, buffer_rows: int,
             yield out.slice(start, batch_rows)
 
     for table in tables:
-        if table.num_rows:
-            held.append(table)
-            rows += table.num_rows
-        if rows >= 2 * buffer_rows:
-            yield from draw(keep=buffer_rows)
+        while table.num_rows:
+            part = table.slice(0, full - rows)
+            table = table.slice(part.num_rows)
+            held.append(part)
+            rows += part.num_rows
+            if rows == full:
+                yield from draw(keep=buffer_rows)
     if rows:
         yield from draw(keep=0)
 

@@ -435,6 +435,37 @@ def test_shuffle_of_a_dataset_depends_on_its_rows_not_its_blocks(env):
     assert head + rest == first
 
 
+def test_shuffle_buffer_is_a_function_of_the_rows_and_takes_any_block_types(env):
+    """The loader's shuffle buffer depends on the rows' order and the seed
+    only, however the rows are cut into tables; and blocks whose types differ
+    (a column all null in one, as a JSON field always null reads) are unified,
+    as Ray's own buffer did (they raised "Schema at index 2 was different")."""
+    import ray
+
+    from slicefeed.pipelines import JaxLoader
+    from slicefeed.pipelines._loader._sources import shuffled
+
+    table = pa.table({"i": np.arange(333)})
+    rng = np.random.default_rng(0)
+    for batch, buffer in ((1, 1), (4, 16), (16, 8), (5, 7)):
+        seen = set()
+        for _ in range(4):
+            cuts = np.sort(rng.integers(0, 334, size=12))
+            parts = [table.slice(a, b - a) for a, b in zip([0, *cuts], [*cuts, 333])]
+            out = list(shuffled(iter(parts), batch, buffer, 3))
+            assert all(t.num_rows == batch for t in out[:-1]) and 0 < out[-1].num_rows <= batch
+            ids = tuple(i for t in out for i in t["i"].to_pylist())
+            assert sorted(ids) == list(range(333))
+            seen.add(ids)
+        assert len(seen) == 1, (batch, buffer)
+    blocks = [pa.table({"id": pa.array(np.arange(0, 8), pa.int32()),
+                        "note": pa.array([None] * 8, pa.null())}),
+              pa.table({"id": pa.array(np.arange(8, 16), pa.int32()), "note": ["n"] * 8})]
+    got = [np.asarray(b["id"]) for b in JaxLoader(ray.data.from_arrow(blocks), columns=["id"],
+                                                  global_batch_size=8, shuffle=True, seed=2)]
+    assert sorted(np.concatenate(got).tolist()) == list(range(16))
+
+
 def test_resume_in_fresh_process(env, committed, ray_address):
     """Consume k batches, save the state, continue in a new OS process (inside epoch 2)."""
     from slicefeed.pipelines import JaxLoader
