@@ -324,10 +324,24 @@ def cleanup(target: ResolvedPath, *, keep_writers: Sequence[str] = ()) -> list[s
     sidecars = {s for m in versions.values() for s in (m.report, m.quarantine) if s}
     live, adopted = live_writers(target)
     live.update(keep_writers)
+    # A writer that started after the listing of leases above holds a fresh
+    # lease by the time its shards are listed: each writer's lease is read
+    # again (once) before the first of its files or its lease is deleted.
+    verdict: dict[str, bool] = {}
+
+    def dead(w: str) -> bool:
+        if w in live:
+            return False
+        if w not in verdict:
+            verdict[w] = not _lease_fresh(target, w)
+            if not verdict[w]:
+                live.add(w)
+        return verdict[w]
+
     removed: list[str] = []
     for name in list_names(target):
         w = shard_writer(name)
-        if w is None or name in listed or w in live or name in adopted:
+        if w is None or name in listed or name in adopted or not dead(w):
             continue
         loc = target.join(name)
         _rm(target.fs, loc.path)
@@ -336,16 +350,26 @@ def cleanup(target: ResolvedPath, *, keep_writers: Sequence[str] = ()) -> list[s
         d = target.join(sub)
         for name in list_names(d):
             w = name[: -len(suffix)] if suffix and name.endswith(suffix) else name
-            if f"{sub}/{name}" in sidecars or w in live or not re.fullmatch(r"[A-Za-z0-9]{1,64}", w):
+            if (f"{sub}/{name}" in sidecars or not re.fullmatch(r"[A-Za-z0-9]{1,64}", w)
+                    or not dead(w)):
                 continue
             loc = d.join(name)
             _rm(target.fs, loc.path, recursive=True)
             removed.append(loc.uri)
     ldir = target.join(LEASES_DIR)
     for name in list_names(ldir):
-        if name.endswith(".json") and name[:-5] not in live:
+        if name.endswith(".json") and dead(name[:-5]):
             _rm(target.fs, ldir.join(name).path)
     return removed
+
+
+def _lease_fresh(target: ResolvedPath, writer: str) -> bool:
+    """Whether ``writer``'s lease is there and fresh now (read again)."""
+    try:
+        doc = json.loads(target.fs.cat_file(target.join(LEASES_DIR, f"{writer}.json").path))
+        return time.time() - float(doc["refreshed_at"]) < float(doc["ttl_s"])
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return False
 
 
 def remove_own(target: ResolvedPath, writer_id: str, names: Iterable[str],

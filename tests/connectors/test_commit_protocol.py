@@ -164,6 +164,35 @@ def test_a_losing_writer_never_removes_committed_or_adopted_shards(ray_cluster, 
     assert _values(base_uri) == list(range(6))
 
 
+def test_a_writer_starting_during_a_cleanup_keeps_its_lease_and_shards(base_uri, monkeypatch):
+    """A cleanup judged liveness once, from the leases listed at its start, so
+    a writer that started just after (here: right after that listing) had its
+    fresh lease deleted, and its first shards too, and then could not commit.
+    Each writer's lease is read again before its files or lease are deleted."""
+    from slicefeed.connectors import _commit
+    from slicefeed.connectors._commit import cleanup
+
+    target = resolve_filesystem(base_uri)
+    target.fs.makedirs(target.path, exist_ok=True)
+    late = Lease(target, "latewriter01", ttl_s=600)
+    listed = _commit.live_writers
+
+    def then_a_writer_starts(t, **kw):
+        found = listed(t, **kw)
+        late.start()
+        target.fs.pipe_file(target.join("part-00000-latewriter01.parquet").path, b"shard")
+        return found
+
+    monkeypatch.setattr(_commit, "live_writers", then_a_writer_starts)
+    try:
+        cleanup(target)
+        monkeypatch.setattr(_commit, "live_writers", listed)
+        assert late.lost() is None
+        assert "part-00000-latewriter01.parquet" in _shards(base_uri)
+    finally:
+        late.release()
+
+
 def _write_v1(local_dir: str, sizes: list[int]) -> None:
     """A dataset as slicefeed 0.1 wrote it: part files and a v1 ``_manifest.json``."""
     import base64
