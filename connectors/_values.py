@@ -252,8 +252,8 @@ def decode(decoder: json.JSONDecoder, text: str, pos: int = 0) -> tuple[object, 
     """``decoder.raw_decode(text, pos)``, reading what pyarrow reads: a value
     holding ``Inf``, ``-Inf`` or ``-NaN`` decodes as one holding Python's
     spelling of it. Only where Python's parser stops are the value's lines
-    copied with those constants respelled (linear in their length) and parsed
-    again.
+    copied with those constants respelled and parsed again (linear in their
+    length overall).
 
     Raises:
         json.JSONDecodeError: the position is in ``text``.
@@ -266,7 +266,7 @@ def decode(decoder: json.JSONDecoder, text: str, pos: int = 0) -> tuple[object, 
     parts: list[str] = []
     marks: list[int] = []  # where in the copy each respelled constant ends
     shifts: list[int] = [0]  # how much longer the copy is up to there
-    size, taken = 0, pos  # the copy's length; text[pos:taken] is copied
+    taken = pos  # text[pos:taken] is copied
 
     def respell(found: re.Match) -> str:
         if found.group(1) is None:
@@ -279,12 +279,13 @@ def decode(decoder: json.JSONDecoder, text: str, pos: int = 0) -> tuple[object, 
     def in_text(at: int) -> int:  # a position of the copy in the text
         return pos + at - shifts[bisect.bisect_right(marks, at)]
 
-    while error.pos >= taken and taken < len(text):  # copy the lines up to the stop
-        line_end = text.find("\n", error.pos)
+    while error.pos >= taken and taken < len(text):
+        # Copy whole lines up to the stop, at least doubling the copy: a value
+        # over many lines is parsed a logarithmic number of times, not once a line.
+        line_end = text.find("\n", max(error.pos, 2 * taken - pos))
         line_end = len(text) if line_end < 0 else line_end + 1
-        part = _STRING_OR_PYARROW_ONLY.sub(respell, text[taken:line_end])
-        parts.append(part)
-        size, taken = size + len(part), line_end
+        parts.append(_STRING_OR_PYARROW_ONLY.sub(respell, text[taken:line_end]))
+        taken = line_end
         try:
             value, end = decoder.raw_decode("".join(parts))
             return value, in_text(end)

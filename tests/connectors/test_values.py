@@ -158,3 +158,18 @@ def test_null_record_is_found_and_null_values_are_not(data, expected):
     assert _values.null_record(data) is expected
     if not expected and data.strip():
         assert pajson.read_json(io.BytesIO(data)).num_rows == 2
+
+
+@pytest.mark.parametrize("lines", [1, 2, 3, 100, 5000])
+def test_decode_reads_pyarrow_constants_in_a_value_over_many_lines(lines):
+    """A value written over many lines (pretty-printed) holding `Inf` is read
+    whole and its end is found in the original text (the copy is extended by
+    at least doubling: one extra line at a time parsed it once per line)."""
+    body = ",\n".join("-Inf" if i % 7 == 3 else " null" if i % 5 == 0 else f" {i}"
+                      for i in range(lines))
+    text = '{"a": Inf,\n "s": "Inf, \\" -NaN",\n "v": [\n' + body + '\n]}\n{"b": 1}'
+    value, end = _values.decode(_values.PLAIN_DECODER, text)
+    assert value["a"] == float("inf") and value["s"] == 'Inf, " -NaN'
+    assert value["v"] == [float("-inf") if i % 7 == 3 else None if i % 5 == 0 else i
+                          for i in range(lines)]
+    assert text[end:] == '\n{"b": 1}'
