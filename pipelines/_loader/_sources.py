@@ -213,7 +213,11 @@ def _ray_tables(obj: Any, epoch: int, skip_rows: int, ctx: ReadContext) -> Itera
         drop_last=False,
     ))
     if ctx.shuffle:
-        it = shuffled(it, ctx.batch_rows, ctx.shuffle_buffer_rows,
+        # Only the delivered columns go through the buffer (others may differ in
+        # type between blocks, and are never copied).
+        cols = list(ctx.columns)
+        it = shuffled((t.select(cols) if set(cols) <= set(t.column_names) else t for t in it),
+                      ctx.batch_rows, ctx.shuffle_buffer_rows,
                       (ctx.seed * 1_000_003 + epoch) % (2**32))
     yield from _skip_batches(it, skip_rows // ctx.batch_rows, ctx.on_read)
 
@@ -242,7 +246,16 @@ def shuffled(tables: Iterator[pa.Table], batch_rows: int, buffer_rows: int,
 
     def draw(keep: int) -> Iterator[pa.Table]:
         nonlocal held, rows
-        table = pa.concat_tables(held, promote_options="default")
+        try:
+            table = pa.concat_tables(held, promote_options="default")
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+            from slicefeed.connectors import SpecError, printable
+
+            raise SpecError(
+                f"JaxLoader: the source's blocks differ in columns or types "
+                f"({printable(str(e), 200)}), and a shuffle would have to mix them; give "
+                "every block the same columns and types in the pipeline (select / cast), "
+                "or leave the column out with exclude=[...].") from None
         order = rng.permutation(table.num_rows)
         give = (table.num_rows - keep) // batch_rows * batch_rows if keep else table.num_rows
         out = table.take(order[:give])
