@@ -338,8 +338,14 @@ def cleanup(target: ResolvedPath, *, keep_writers: Sequence[str] = ()) -> list[s
                 live.add(w)
         return verdict[w]
 
+    names = list(list_names(target))
+    # Adoptions made while the names were listed (a crash rerun claims a dead
+    # writer's shards before it relies on them) count too.
+    more_live, more_adopted = live_writers(target)
+    live.update(more_live)
+    adopted.update(more_adopted)
     removed: list[str] = []
-    for name in list_names(target):
+    for name in names:
         w = shard_writer(name)
         if w is None or name in listed or name in adopted or not dead(w):
             continue

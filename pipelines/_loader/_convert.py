@@ -563,10 +563,17 @@ def convert_table(
 ) -> dict[str, np.ndarray]:
     """Converts the selected columns of ``table`` (see :func:`plan_columns`)."""
     counter = counter if counter is not None else [0]
-    schema = table.schema
-    for s in specs:
-        _check_type(s, schema, locate)
+    check_table(specs, table, locate)
     return {s.name: convert_column(s, table.column(s.name), counter, locate) for s in specs}
+
+
+def check_table(specs: list[ColumnSpec], table: pa.Table,
+                locate: Locator = _default_locator) -> None:
+    """Every selected column of ``table`` is there, with the type (and the
+    bfloat16 marker) its conversion was planned for, or one of the same
+    layout; else SpecError / MissingColumnError (see :func:`_check_type`)."""
+    for s in specs:
+        _check_type(s, table.schema, locate)
 
 
 #: Verdicts of :func:`_same_layout` by (spec, Arrow type of a batch's column).

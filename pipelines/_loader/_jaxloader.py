@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import time
 import weakref
@@ -13,7 +14,7 @@ from slicefeed.connectors import SpecError
 from slicefeed.connectors._errors import short_repr as _short
 from slicefeed.pipelines._loader import _plan
 from slicefeed.pipelines._loader._agree import Agreement
-from slicefeed.pipelines._loader._convert import MASK_KEY, plan_columns, row_bytes
+from slicefeed.pipelines._loader._convert import MASK_KEY, check_table, plan_columns, row_bytes
 from slicefeed.pipelines._loader._options import LoaderOptions
 from slicefeed.pipelines._loader._placement import Placement
 from slicefeed.pipelines._loader._prefetch import Runtime
@@ -291,6 +292,7 @@ class JaxLoader:
             stop=stop,
             limit_rows=limit,
             on_read=None,
+            check=functools.partial(check_table, specs, locate=_in_a_block),
         )
         self._stats = Stats()
         # What may be held at once, from the settings (the memory benchmark's bound).
@@ -592,6 +594,10 @@ class JaxLoader:
         self._epoch, self._step = epoch, step + 1
         if steps is not None and self._step >= steps:
             self._epoch, self._step = epoch + 1, 0
+
+
+def _in_a_block(i: int) -> str:
+    return f"row {i} of a block the source delivered"
 
 
 def _count(value: Any) -> bool:

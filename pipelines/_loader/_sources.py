@@ -54,6 +54,9 @@ class ReadContext:
     # (``reader="local"``): a run of the next epoch may take its place, so the
     # runs in flight stay within the read-ahead bound (see :class:`_LocalRuns`).
     on_spare_reader: Callable[[], None] | None = None
+    # Checks a table a Ray source delivered against the conversion plan
+    # (``_convert.check_table``): a shuffle checks each before it meets others.
+    check: Callable[[pa.Table], None] | None = None
 
 
 class Source(Protocol):
@@ -213,13 +216,40 @@ def _ray_tables(obj: Any, epoch: int, skip_rows: int, ctx: ReadContext) -> Itera
         drop_last=False,
     ))
     if ctx.shuffle:
-        # Only the delivered columns go through the buffer (others may differ in
-        # type between blocks, and are never copied).
-        cols = list(ctx.columns)
-        it = shuffled((t.select(cols) if set(cols) <= set(t.column_names) else t for t in it),
-                      ctx.batch_rows, ctx.shuffle_buffer_rows,
+        it = shuffled(_aligned(it, ctx), ctx.batch_rows, ctx.shuffle_buffer_rows,
                       (ctx.seed * 1_000_003 + epoch) % (2**32))
     yield from _skip_batches(it, skip_rows // ctx.batch_rows, ctx.on_read)
+
+
+def _aligned(tables: Iterator[pa.Table], ctx: ReadContext) -> Iterator[pa.Table]:
+    """The delivered columns of each table, in the first table's types: each is
+    checked against the plan (``ctx.check``) before the shuffle mixes it with
+    others, which would hide a block of another type, a missing column or
+    another bfloat16 marker; the types the check lets through convert alike
+    (``list`` and ``large_list``, a tensor and its storage) and are cast to
+    one, which Arrow needs to concatenate them."""
+    cols = list(ctx.columns)
+    first: pa.Schema | None = None
+    for table in tables:
+        if ctx.check is not None:
+            ctx.check(table)
+        table = table.select(cols)
+        if first is None:
+            first = table.schema
+        elif not table.schema.equals(first):
+            try:
+                table = table.cast(first)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                from slicefeed.connectors import SpecError
+
+                theirs = ", ".join(f"{f.name}: {f.type}" for f in table.schema)
+                ours = ", ".join(f"{f.name}: {f.type}" for f in first)
+                raise SpecError(
+                    f"JaxLoader: a block the source delivered has columns {theirs} and an "
+                    f"earlier one {ours}; they convert alike, but a shuffle has to put them in "
+                    "one table and Arrow cannot cast one to the other. Give the blocks one "
+                    "type in the pipeline (a cast transform), or read without shuffle.") from None
+        yield table
 
 
 def shuffled(tables: Iterator[pa.Table], batch_rows: int, buffer_rows: int,

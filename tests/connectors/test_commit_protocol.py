@@ -167,8 +167,10 @@ def test_a_losing_writer_never_removes_committed_or_adopted_shards(ray_cluster, 
 def test_a_writer_starting_during_a_cleanup_keeps_its_lease_and_shards(base_uri, monkeypatch):
     """A cleanup judged liveness once, from the leases listed at its start, so
     a writer that started just after (here: right after that listing) had its
-    fresh lease deleted, and its first shards too, and then could not commit.
-    Each writer's lease is read again before its files or lease are deleted."""
+    fresh lease deleted, and its first shards too, and then could not commit;
+    a dead writer's shard it adopted meanwhile was deleted too. Leases are
+    listed again after the shards, and each writer's lease read again, before
+    anything is deleted."""
     from slicefeed.connectors import _commit
     from slicefeed.connectors._commit import cleanup
 
@@ -179,16 +181,21 @@ def test_a_writer_starting_during_a_cleanup_keeps_its_lease_and_shards(base_uri,
 
     def then_a_writer_starts(t, **kw):
         found = listed(t, **kw)
-        late.start()
-        target.fs.pipe_file(target.join("part-00000-latewriter01.parquet").path, b"shard")
+        if late._thread is None:  # after the first listing only
+            late.start()
+            target.fs.pipe_file(target.join("part-00000-latewriter01.parquet").path, b"shard")
+            late.adopt(["part-00001-deadwriter01.parquet"])  # as a crash rerun does
         return found
 
+    # A dead writer's shard, which the late writer adopts.
+    target.fs.pipe_file(target.join("part-00001-deadwriter01.parquet").path, b"shard")
     monkeypatch.setattr(_commit, "live_writers", then_a_writer_starts)
     try:
         cleanup(target)
         monkeypatch.setattr(_commit, "live_writers", listed)
         assert late.lost() is None
-        assert "part-00000-latewriter01.parquet" in _shards(base_uri)
+        assert {"part-00000-latewriter01.parquet", "part-00001-deadwriter01.parquet"} <= _shards(
+            base_uri)
     finally:
         late.release()
 
