@@ -210,7 +210,7 @@ class Lease:
                               f"storage was out of reach), longer than its {self.ttl_s:.0f} s "
                               "lifetime, so other writers may have removed its shards")
                 return
-            if self._refreshed_at and not self.location.fs.exists(self.location.path):
+            if self._refreshed_at and not _exists_now(self.location):
                 self._lost = ("this writer's lease was removed by another writer's cleanup, "
                               "which judged it dead and may have removed its shards")
                 return
@@ -367,6 +367,12 @@ def cleanup(target: ResolvedPath, *, keep_writers: Sequence[str] = ()) -> list[s
         if name.endswith(".json") and dead(name[:-5]):
             _rm(target.fs, ldir.join(name).path)
     return removed
+
+
+def _exists_now(loc: ResolvedPath) -> bool:
+    """Whether ``loc`` exists, asked of the storage (not a cached listing)."""
+    loc.fs.invalidate_cache(loc.path)
+    return loc.fs.exists(loc.path)
 
 
 def _lease_fresh(target: ResolvedPath, writer: str) -> bool:
