@@ -225,9 +225,10 @@ def _aligned(tables: Iterator[pa.Table], ctx: ReadContext) -> Iterator[pa.Table]
     """The delivered columns of each table, in the first table's types: each is
     checked against the plan (``ctx.check``) before the shuffle mixes it with
     others, which would hide a block of another type, a missing column or
-    another bfloat16 marker; the types the check lets through convert alike
-    (``list`` and ``large_list``, a tensor and its storage) and are cast to
-    one, which Arrow needs to concatenate them."""
+    another bfloat16 marker. The types the check lets through convert alike
+    and are cast to the first block's, which Arrow needs to concatenate them
+    (``list`` and ``large_list``); where Arrow has no such cast (a tensor and
+    a nested ``fixed_size_list``) the shuffle refuses them."""
     cols = list(ctx.columns)
     first: pa.Schema | None = None
     for table in tables:
@@ -240,10 +241,10 @@ def _aligned(tables: Iterator[pa.Table], ctx: ReadContext) -> Iterator[pa.Table]
             try:
                 table = table.cast(first)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
-                from slicefeed.connectors import SpecError
+                from slicefeed.connectors import SpecError, printable
 
-                theirs = ", ".join(f"{f.name}: {f.type}" for f in table.schema)
-                ours = ", ".join(f"{f.name}: {f.type}" for f in first)
+                theirs = ", ".join(f"{printable(f.name, 60)}: {f.type}" for f in table.schema)
+                ours = ", ".join(f"{printable(f.name, 60)}: {f.type}" for f in first)
                 raise SpecError(
                     f"JaxLoader: a block the source delivered has columns {theirs} and an "
                     f"earlier one {ours}; they convert alike, but a shuffle has to put them in "
