@@ -276,14 +276,22 @@ def live_writers(target: ResolvedPath, *, now: float | None = None) -> tuple[set
     adopted: set[str] = set()
     ldir = target.join(LEASES_DIR)
     for name in list_names(ldir):
-        try:
-            doc = json.loads(target.fs.cat_file(ldir.join(name).path))
-            if now - float(doc["refreshed_at"]) < float(doc["ttl_s"]):
-                writers.add(str(doc["writer"]))
-                adopted.update(str(n) for n in doc.get("adopted") or ())
-        except (FileNotFoundError, ValueError, KeyError, TypeError):
-            continue  # a lease that cannot be read is not a live one
+        doc = _fresh_lease(ldir.join(name), now)
+        if doc is not None:
+            writers.add(str(doc["writer"]))
+            adopted.update(str(n) for n in doc.get("adopted") or ())
     return writers, adopted
+
+
+def _fresh_lease(loc: ResolvedPath, now: float) -> dict | None:
+    """The lease at ``loc`` if it is fresh at ``now``; None if it is stale, gone
+    or cannot be read (a lease that cannot be read is not a live one)."""
+    try:
+        doc = json.loads(loc.fs.cat_file(loc.path))
+        fresh = now - float(doc["refreshed_at"]) < float(doc["ttl_s"])
+        return doc if fresh and "writer" in doc else None
+    except (FileNotFoundError, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 # -- cleanup and vacuum ---------------------------------------------------------------
@@ -333,7 +341,7 @@ def cleanup(target: ResolvedPath, *, keep_writers: Sequence[str] = ()) -> list[s
         if w in live:
             return False
         if w not in verdict:
-            verdict[w] = not _lease_fresh(target, w)
+            verdict[w] = _fresh_lease(target.join(LEASES_DIR, f"{w}.json"), time.time()) is None
             if not verdict[w]:
                 live.add(w)
         return verdict[w]
@@ -373,15 +381,6 @@ def _exists_now(loc: ResolvedPath) -> bool:
     """Whether ``loc`` exists, asked of the storage (not a cached listing)."""
     loc.fs.invalidate_cache(loc.path)
     return loc.fs.exists(loc.path)
-
-
-def _lease_fresh(target: ResolvedPath, writer: str) -> bool:
-    """Whether ``writer``'s lease is there and fresh now (read again)."""
-    try:
-        doc = json.loads(target.fs.cat_file(target.join(LEASES_DIR, f"{writer}.json").path))
-        return time.time() - float(doc["refreshed_at"]) < float(doc["ttl_s"])
-    except (FileNotFoundError, ValueError, KeyError, TypeError):
-        return False
 
 
 def remove_own(target: ResolvedPath, writer_id: str, names: Iterable[str],
