@@ -529,12 +529,13 @@ def test_blocks_of_another_type_are_refused_not_cast(env, kind):
     bits = pa.table([pa.array(to_bfloat16_bits(np.arange(8, dtype=np.float32)))],
                     schema=pa.schema([bfloat16_field("x")]))
     plain = pa.table({"x": pa.array(np.arange(8, dtype=np.uint16))})
-    for blocks in ([bits, plain], [plain, bits]):
-        for shuffle in (False, True):  # shuffled: Arrow kept the first block's marker for both
-            with pytest.raises(SpecError, match=r"column 'x' holds (bfloat16 bits|plain uint16) .*"
-                                                r"the source's blocks differ, and reading one as "
-                                                r"the other would change every value"):
-                list(JaxLoader(source(blocks), global_batch_size=8, shuffle=shuffle, seed=0))
+    # Each order once, one of them shuffled (there Arrow kept the first block's
+    # marker for both): each loader starts a Ray execution.
+    for blocks, shuffle in (([bits, plain], False), ([plain, bits], True)):
+        with pytest.raises(SpecError, match=r"column 'x' holds (bfloat16 bits|plain uint16) .*"
+                                            r"the source's blocks differ, and reading one as "
+                                            r"the other would change every value"):
+            list(JaxLoader(source(blocks), global_batch_size=8, shuffle=shuffle, seed=0))
     values = np.arange(64, dtype=np.float32).reshape(16, 2, 2)
     nested = pa.FixedSizeListArray.from_arrays(
         pa.FixedSizeListArray.from_arrays(pa.array(values[8:].ravel()), 2), 2)
