@@ -89,12 +89,54 @@ def _parse_jsonl(data: bytes, options: Mapping[str, Any]) -> pa.Table:
     return read_json_text(data)
 
 
-def _parse_csv(data: bytes, options: Mapping[str, Any]) -> pa.Table:
+def csv_text(data: bytes, delimiter: str, *, skip: bool = False) -> Callable[[list[str]], pa.Table]:
+    """``names -> table`` re-reading those columns of a CSV file as strings, row
+    for row as the typed read (``skip``: records with the wrong number of
+    fields skipped, as :func:`read_csv_bytes` with ``on_invalid`` reads them)."""
+    import pyarrow as pa
     import pyarrow.csv as pacsv
 
-    return pacsv.read_csv(
-        io.BytesIO(data), parse_options=pacsv.ParseOptions(delimiter=options["delimiter"])
-    )
+    def as_text(names: list[str]) -> pa.Table:
+        return pacsv.read_csv(
+            io.BytesIO(data),
+            parse_options=pacsv.ParseOptions(
+                delimiter=delimiter, invalid_row_handler=(lambda _: "skip") if skip else None),
+            read_options=pacsv.ReadOptions(use_threads=not skip),
+            convert_options=pacsv.ConvertOptions(
+                include_columns=names, column_types={n: pa.string() for n in names}))
+
+    return as_text
+
+
+def read_csv_bytes(data: bytes, delimiter: str, *, on_invalid: Callable[[Any], str] | None = None,
+                   columns: list[str] | None = None) -> pa.Table:
+    """CSV ``data`` (a header row, then records) read by pyarrow, the one place
+    CSV text is parsed. pyarrow types a column from its values; a numeric
+    column holding a number not written as it prints (``02139``,
+    ``+15551234567``) is kept as the strings written
+    (:func:`~slicefeed.connectors._values.numbers_as_written`; ``columns``: the
+    columns to look at, default all). ``on_invalid``: pyarrow's
+    ``invalid_row_handler`` for records with the wrong number of fields (the
+    read is then single-threaded, so its line numbers are known).
+
+    Raises:
+        pyarrow.ArrowInvalid: text pyarrow cannot read as CSV.
+    """
+    import pyarrow.csv as pacsv
+
+    from slicefeed.connectors import _values
+
+    table = pacsv.read_csv(
+        io.BytesIO(data),
+        parse_options=pacsv.ParseOptions(delimiter=delimiter, invalid_row_handler=on_invalid),
+        read_options=pacsv.ReadOptions(use_threads=on_invalid is None))
+    return _values.numbers_as_written(table, data, delimiter,
+                                      csv_text(data, delimiter, skip=on_invalid is not None),
+                                      names=columns)
+
+
+def _parse_csv(data: bytes, options: Mapping[str, Any]) -> pa.Table:
+    return read_csv_bytes(data, options["delimiter"])
 
 
 def _parse_text(data: bytes, options: Mapping[str, Any]) -> pa.Table:

@@ -19,7 +19,6 @@ File listing, glob expansion, seeded file-order shuffling
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
@@ -40,7 +39,14 @@ from slicefeed.connectors._errors import (
     SpecError,
     printable,
 )
-from slicefeed.connectors._formats import FORMATS, FileFormat, get_format, read_json_text
+from slicefeed.connectors._formats import (
+    FORMATS,
+    FileFormat,
+    csv_text,
+    get_format,
+    read_csv_bytes,
+    read_json_text,
+)
 from slicefeed.connectors._fs import (
     ResolvedPath,
     expand_paths,
@@ -525,24 +531,6 @@ def _locate_bad_json_line(data: bytes, uri: str, err: Exception | None) -> BadRe
     return BadRecordError(f"{uri}: cannot be read as JSON lines ({err}). {_FIX_HINT}")
 
 
-def _csv_text(data: bytes, delimiter: str, *, skip: bool = False) -> Any:
-    """``names -> table`` re-reading those columns of a CSV file as strings, row
-    for row as the typed read (``skip``: records with the wrong number of
-    fields skipped, as :meth:`CsvDatasource._mark_bad_records` reads them)."""
-    import pyarrow.csv as pacsv
-
-    def as_text(names: list[str]) -> pa.Table:
-        return pacsv.read_csv(
-            io.BytesIO(data),
-            parse_options=pacsv.ParseOptions(
-                delimiter=delimiter, invalid_row_handler=(lambda _: "skip") if skip else None),
-            read_options=pacsv.ReadOptions(use_threads=not skip),
-            convert_options=pacsv.ConvertOptions(
-                include_columns=names, column_types={n: pa.string() for n in names}))
-
-    return as_text
-
-
 def _unclosed_quote(data: bytes, table: pa.Table) -> int | None:
     """Offset of a quote opening a CSV value that is never closed, or None.
     pyarrow reads everything after such a quote, line breaks included, as one
@@ -569,12 +557,10 @@ class CsvDatasource(_SlicefeedFileDatasource):
         self._delimiter = delimiter
 
     def _read_file(self, f: pa.NativeFile, path: str) -> Iterator[pa.Table]:
-        import pyarrow.csv as pacsv
-
         delimiter = FORMATS["csv"].options_for(path, {"delimiter": self._delimiter})["delimiter"]
         data = f.readall()
         try:
-            table = pacsv.read_csv(io.BytesIO(data), parse_options=pacsv.ParseOptions(delimiter=delimiter))
+            table = read_csv_bytes(data, delimiter, columns=self._columns)
         except pa.ArrowInvalid as e:
             if self._mark_errors:
                 yield from self._mark_bad_records(data, path, delimiter)
@@ -584,7 +570,7 @@ class CsvDatasource(_SlicefeedFileDatasource):
             ) from None
         self._check_quotes(data, table, path)
         yield from self._checked(table, path, np.arange(table.num_rows, dtype=np.int64), data,
-                                 _csv_text(data, delimiter))
+                                 csv_text(data, delimiter))
 
     def _check_quotes(self, data: bytes, table: pa.Table, path: str) -> None:
         """A quote never closed took the records after it into one value: the
@@ -608,7 +594,7 @@ class CsvDatasource(_SlicefeedFileDatasource):
         with a number beyond float64's range (made infinite) is a bad record,
         and a binary column becomes ``string`` again.
         ``data`` is the file's text and ``as_text(names)`` re-reads columns as
-        strings (see :func:`_csv_text`)."""
+        strings (see :func:`~slicefeed.connectors._formats.csv_text`)."""
         # A header naming a kept column twice is the file's error, before any record's.
         _check_input_names([n for n in table.column_names
                             if self._columns is None or n in self._columns], self._uri(path))
@@ -653,8 +639,6 @@ class CsvDatasource(_SlicefeedFileDatasource):
         record; where quoted line breaks make that impossible, bad records get
         a null row and their line in the reason.
         """
-        import pyarrow.csv as pacsv
-
         skipped: list[tuple[int | None, str]] = []
 
         def on_invalid(row: Any) -> str:
@@ -662,12 +646,7 @@ class CsvDatasource(_SlicefeedFileDatasource):
             return "skip"
 
         try:
-            table = pacsv.read_csv(
-                io.BytesIO(data),
-                parse_options=pacsv.ParseOptions(delimiter=delimiter,
-                                                 invalid_row_handler=on_invalid),
-                read_options=pacsv.ReadOptions(use_threads=False),
-            )
+            table = read_csv_bytes(data, delimiter, on_invalid=on_invalid, columns=self._columns)
         except pa.ArrowInvalid as e:  # no header, or broken quoting
             why = f"cannot be parsed as CSV ({printable(str(e), 300)}); its row count is unknown"
             yield self._bad_rows(path, [None], [why])
@@ -681,7 +660,7 @@ class CsvDatasource(_SlicefeedFileDatasource):
         else:
             rows = np.arange(table.num_rows, dtype=np.int64)
         self._check_quotes(data, table, path)
-        yield from self._checked(table, path, rows, data, _csv_text(data, delimiter, skip=True))
+        yield from self._checked(table, path, rows, data, csv_text(data, delimiter, skip=True))
         if skipped:
             yield self._bad_rows(
                 path,
@@ -1061,13 +1040,10 @@ def _peek_one(
                     return table.schema
         raise _locate_bad_json_line(head, shown, error) from None
     if fmt.name == "csv" and mark_errors:
-        import pyarrow.csv as pacsv
-
         # A record with the wrong field count is a bad record at run
         # time, not a reason to refuse the schema.
         try:
-            return pacsv.read_csv(io.BytesIO(head), parse_options=pacsv.ParseOptions(
-                delimiter=opts["delimiter"], invalid_row_handler=lambda row: "skip")).schema
+            return read_csv_bytes(head, opts["delimiter"], on_invalid=lambda row: "skip").schema
         except pa.ArrowInvalid:
             pass
     raise BadRecordError(

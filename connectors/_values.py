@@ -507,6 +507,61 @@ def rounded_csv_rows(
     return out
 
 
+_SIGN = _byte_class(b"+-")
+#: A number whose text starts like this is not written as its value prints:
+#: a leading zero (``02139``) or a plus sign (``+15551234567``).
+_NOT_AS_PRINTED = r"^\s*(?:[+-]?0\d|\+)"
+
+
+def _padded_number_candidates(data: bytes, delimiter: str) -> bool:
+    """Whether ``data`` may hold a CSV field that starts ``0`` + digit (after an
+    optional sign) or ``+`` + digit or point: a superset, found with NumPy over
+    the text, then over its hits only (1-4 ms per MB; times, dense in zeros,
+    cost the most)."""
+    b = np.frombuffer(data, np.uint8)
+    if b.size < 3:
+        return False
+    starts = _byte_class(b'\n\r" \t' + delimiter.encode())
+    if data.find(b"+") >= 0:
+        plus = np.flatnonzero(b[1:-1] == ord("+")) + 1
+        after = b[plus + 1]
+        plus = plus[((after - np.uint8(48)) < 10) | (after == ord("."))]  # uint8 wraps below "0"
+        if starts[b[plus - 1]].any():
+            return True
+    zero = b[1:-1] == ord("0")
+    zero &= (b[2:] - np.uint8(48)) < 10
+    at = np.flatnonzero(zero) + 1
+    at = at[b[np.minimum(at + 2, b.size - 1)] != ord(":")]  # "00:00", a time
+    lead = b[at - 1]
+    return bool((starts[lead] | (_SIGN[lead] & starts[b[np.maximum(at - 2, 0)]])).any())
+
+
+def numbers_as_written(
+    table: pa.Table, data: bytes, delimiter: str, as_text: Callable[[list[str]], pa.Table],
+    names: list[str] | None = None,
+) -> pa.Table:
+    """``table`` (read from CSV text ``data``) with each numeric column that
+    holds a number pyarrow would not print as written, a leading zero
+    (``02139``) or a plus sign (``+15551234567``), replaced by its text: such
+    values are identifiers more often than numbers, and the typed column would
+    change them (``2139``, ``15551234567.0``). ``names``: the columns to look
+    at (default all). ``as_text(names)`` re-reads columns of the same records
+    as strings."""
+    numeric = [f.name for f in table.schema
+               if (names is None or f.name in names)
+               and table.column_names.count(f.name) == 1  # a name written twice is refused elsewhere
+               and (pa.types.is_integer(f.type) or pa.types.is_floating(f.type)
+                    or pa.types.is_decimal(f.type))]
+    if not numeric or not _padded_number_candidates(data, delimiter):
+        return table
+    text = as_text(numeric)
+    for name in numeric:
+        column = text.column(name)
+        if pc.any(pc.match_substring_regex(column, _NOT_AS_PRINTED)).as_py():
+            table = table.set_column(table.schema.get_field_index(name), name, column)
+    return table
+
+
 def nesting(t: pa.DataType) -> int:
     """Levels of lists and structs in ``t`` (0 for a scalar type)."""
     deepest, stack = 0, [(t, 0)]
