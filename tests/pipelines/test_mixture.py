@@ -132,11 +132,12 @@ def test_pipeline_sources_mixture_reports_per_source_counts(sources, ray_cluster
     taken = {src["name"]: src["rows"] for src in report.sources}
     assert taken == {"web": 40, "code": 20, "books": 20}
     assert sum(taken.values()) == report.rows_written == report.rows_read
-    again = Pipeline({**spec, "sink": {"format": "parquet", "uri": os.path.join(local_dir, "mixed2")}}).run()
-    def rows(name):
-        return sorted((r["src"], r["v"]) for r in read_dataset(os.path.join(local_dir, name)).iter_rows())
-
-    assert rows("mixed") == rows("mixed2") and again.sources == report.sources
+    # Each source's first rows in (file, row) order; which rows a seed takes
+    # does not change between runs (the order is checked without Ray in
+    # test_interleave_proportions_order_and_determinism and below).
+    rows = sorted((r["src"], r["v"]) for r in read_dataset(os.path.join(local_dir, "mixed")).iter_rows())
+    assert rows == sorted([("web", v) for v in range(40)] + [("code", v) for v in range(100, 120)]
+                          + [("books", v) for v in range(200, 220)])
 
 
 @pytest.mark.slow
