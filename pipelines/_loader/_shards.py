@@ -62,6 +62,20 @@ def _mismatch(fs: Any, path: str, size: int, why: str) -> Exception:
     return CorruptFileError(f"{path}: not a readable Parquet file ({why}).")
 
 
+def gone(path: str, version: int | None) -> Exception:
+    """The error for a shard its manifest lists that is no longer there: what
+    removes such files, and what to do."""
+    from slicefeed.connectors import ShardMismatchError
+
+    which = ("the committed dataset's manifest" if version is None
+             else f"version {version} of the committed dataset")
+    return ShardMismatchError(
+        f"{path}: listed by {which}, but gone. `slicefeed vacuum` removes the files of "
+        "versions superseded longer than --retain-hours ago, also while a loader still "
+        "reads them; restart the loader to read the current version, and give vacuum a "
+        "--retain-hours longer than a run reads one version.")
+
+
 def footer(fs: Any, path: str, size: int) -> pq.FileMetaData:
     """The Parquet footer of the ``size``-byte object at ``path`` (cached per process)."""
     key = (*_key(fs, path), size)

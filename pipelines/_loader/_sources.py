@@ -506,7 +506,7 @@ def _read_groups(pf: Any, idx: list[int], columns: list[str],
             f.cancel()
 
 
-def read_run(batch: dict, *, fs, base_dir: str, columns: list[str],
+def read_run(batch: dict, *, fs, base_dir: str, columns: list[str], version: int | None = None,
              report: Any = None, concurrent_batch_rows: int = 0) -> Iterator[pa.Table]:
     """Reads one run of windows (see :func:`_plan.read_runs`), one table per
     window; also the Ray Data ``map_batches`` function of ``reader="ray"``.
@@ -521,7 +521,8 @@ def read_run(batch: dict, *, fs, base_dir: str, columns: list[str],
     ``concurrent_batch_rows``: the loader's local batch rows, to decode the
     consecutive whole row groups of a window concurrently (:func:`_read_groups`;
     local files are then opened as Arrow ``OSFile`` s); 0 (off) in a Ray task,
-    which holds one CPU.
+    which holds one CPU. A shard that is gone raises the error naming what
+    removes such files (:func:`._shards.gone`; ``version``: the manifest's).
     """
     assert len(batch["w"]) == 1
     spec = json.loads(batch["spec"][0])
@@ -535,6 +536,12 @@ def read_run(batch: dict, *, fs, base_dir: str, columns: list[str],
     counters = _new_counters()
     try:
         def shard(path: str) -> Any:
+            try:
+                return opened[path] if path in opened else open_(path)
+            except FileNotFoundError:
+                raise _shards.gone(f"{base_dir}/{path}", version) from None
+
+        def open_(path: str) -> Any:
             if path not in opened and expect.get(path) is not None and _shards.is_remote(fs):
                 # Object storage: no stat, the run's column chunks in concurrent reads.
                 opened[path], twin = _shards.open_shard(
@@ -906,6 +913,7 @@ class ManifestSource:
             "fs": self.resolved.fs,
             "base_dir": self.resolved.path.rstrip("/"),
             "columns": list(ctx.columns),
+            "version": self.version,
         }
         if ctx.reader == "local":
             local = {**fn_kwargs, "report": ctx.on_read, "concurrent_batch_rows": ctx.batch_rows}

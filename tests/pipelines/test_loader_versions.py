@@ -39,3 +39,40 @@ def test_loader_keeps_reading_the_version_it_opened(env, local_dir):
     rest = [np.asarray(b["id"]) for b in resumed]
     assert sorted(np.concatenate(ids[:1] + rest).tolist()) == list(range(64))
     assert JaxLoader(local_dir, global_batch_size=8).state_dict()["plan"]["dataset_version"] == 2
+
+
+def test_loader_whose_version_was_vacuumed_says_so(env, local_dir, monkeypatch):
+    """A vacuum that removes the version a running loader reads (here with
+    retain_hours=0 right after an overwrite) made its next shard read fail with
+    a bare FileNotFoundError; the error names the shard, says the manifest
+    lists it, and what removes such files and what to do. Resuming a state of
+    the removed version says the version is gone."""
+    import ray
+
+    from slicefeed.connectors import (
+        NotCommittedError,
+        ShardMismatchError,
+        vacuum,
+        write_parquet,
+    )
+    from slicefeed.pipelines import JaxLoader
+    from slicefeed.pipelines._loader import _jaxloader
+
+    # Windows of 64 rows (~48 bytes each): the shards after the first few are
+    # opened after the vacuum.
+    monkeypatch.setattr(_jaxloader, "WINDOW_TARGET_BYTES", 64 * 48)
+    write_parquet(ray.data.from_arrow(make_table(0, 1024)).repartition(16), local_dir)
+    loader = JaxLoader(local_dir, global_batch_size=8, num_epochs=1, prefetch=1,
+                       local_read_ahead=1)
+    next(loader)
+    state = loader.state_dict()
+    write_parquet(ray.data.from_arrow(make_table(1000, 64)).repartition(8), local_dir,
+                  overwrite=True)
+    vacuum(local_dir, retain_hours=0)
+    with pytest.raises(ShardMismatchError, match=r"part-\S+\.parquet: listed by version 1 of "
+                                                 r"the committed dataset, but gone.*vacuum"):
+        for _ in loader:
+            pass
+    loader.close()
+    with pytest.raises(NotCommittedError, match=r"version 1"):
+        JaxLoader(local_dir, global_batch_size=8, num_epochs=1, state=state)
