@@ -122,6 +122,7 @@ def read_csv_bytes(data: bytes, delimiter: str, *, on_invalid: Callable[[Any], s
     Raises:
         pyarrow.ArrowInvalid: text pyarrow cannot read as CSV.
     """
+    import pyarrow as pa
     import pyarrow.csv as pacsv
 
     from slicefeed.connectors import _values
@@ -130,6 +131,10 @@ def read_csv_bytes(data: bytes, delimiter: str, *, on_invalid: Callable[[Any], s
         io.BytesIO(data),
         parse_options=pacsv.ParseOptions(delimiter=delimiter, invalid_row_handler=on_invalid),
         read_options=pacsv.ReadOptions(use_threads=on_invalid is None))
+    try:
+        table.schema.names  # noqa: B018 - decodes the header's names
+    except UnicodeDecodeError:
+        raise pa.ArrowInvalid("the header row is not valid UTF-8") from None
     return _values.numbers_as_written(table, data, delimiter,
                                       csv_text(data, delimiter, skip=on_invalid is not None),
                                       names=columns)

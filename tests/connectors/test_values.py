@@ -175,26 +175,38 @@ def test_decode_reads_pyarrow_constants_in_a_value_over_many_lines(lines):
     assert text[end:] == '\n{"b": 1}'
 
 
-@pytest.mark.parametrize("text, kept_as_written", [
-    (b"id,zip\n1,02139\n2,10001\n", {"zip"}),           # a leading zero
-    (b"id,n\n1,-08\n2,7\n", {"n"}),                       # after a sign
-    (b"id,phone\n1,+15551234567\n", {"phone"}),           # a plus sign (typed float64)
-    (b"id,x\n1,\"+.5\"\n", {"x"}),                        # quoted
-    (b"id\tzip\n1\t 0042\n", {"zip"}),                    # tab-separated, padded
-    (b"id,x\n0,0.5\n10,-0.25\n", set()),                  # 0 before a point or alone
-    (b"id,at\n1,2024-01-01 00:00:00\n", set()),           # times hold zeros too
-    (b"id,t\n1,x 0800\n2,1+2\n", set()),                  # inside text, or not a field start
+@pytest.mark.parametrize("text, delimiter, kept_as_written", [
+    (b"id,zip\n1,02139\n2,10001\n", ",", {"zip"}),        # a leading zero
+    (b"id,n\n1,-08\n2,7\n", ",", {"n"}),                    # after a sign
+    (b"id,phone\n1,+15551234567\n", ",", {"phone"}),        # a plus sign (typed float64)
+    (b"id,x\n1,+inf\n2,1.5\n", ",", {"x"}),                 # a plus sign before a word
+    (b"id,x\n1,\"+.5\"\n", ",", {"x"}),                     # quoted
+    (b"id\tzip\n1\t 0042\n", "\t", {"zip"}),                # tab-separated, padded
+    (b"id:zip\n1:02\n2:-07\n", ":", {"zip"}),                # ":" between fields
+    (b"id,x\n0,0.5\n10,-0.25\n", ",", set()),               # 0 before a point or alone
+    (b"id,at\n1,2024-01-01 00:00:00\n", ",", set()),         # times hold zeros too
+    (b"id,t\n1,x 0800\n2,1+2\n", ",", set()),               # inside text, or not a field start
 ])
-def test_csv_numbers_not_written_as_they_print_are_read_as_written(text, kept_as_written):
+def test_csv_numbers_not_written_as_they_print_are_read_as_written(text, delimiter,
+                                                                   kept_as_written):
     """pyarrow's CSV reader types ``02139`` as 2139 and ``+1555...`` as a float:
     such a numeric column is read as the strings written; others keep their type."""
     from slicefeed.connectors._formats import read_csv_bytes
 
-    table = read_csv_bytes(text, "\t" if b"\t" in text else ",")
+    table = read_csv_bytes(text, delimiter)
     as_strings = {f.name for f in table.schema if pa.types.is_string(f.type)} - {"at", "t"}
     assert as_strings == kept_as_written
     assert table.schema.field("id").type == pa.int64()
     for name in kept_as_written:
-        written = [line.split(b"\t" if b"\t" in text else b",")[1].strip(b'"').decode()
+        written = [line.split(delimiter.encode())[1].strip(b'"').decode()
                    for line in text.splitlines()[1:]]
         assert table.column(name).to_pylist() == written
+
+
+def test_csv_header_not_valid_utf8_is_arrow_invalid():
+    """The readers name the file for pyarrow's ArrowInvalid; a header pyarrow
+    reads but Python cannot decode raised a bare UnicodeDecodeError."""
+    from slicefeed.connectors._formats import read_csv_bytes
+
+    with pytest.raises(pa.ArrowInvalid, match="the header row is not valid UTF-8"):
+        read_csv_bytes(b"\xff,b\n1,2\n", ",")
