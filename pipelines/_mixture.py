@@ -5,17 +5,19 @@
 given proportions, in an order fixed by the seed:
 
 1. **How many rows per source.** With proportions ``p_i = w_i / sum(w)`` and
-   ``n_i`` rows in source ``i``, the mixture has ``T = min_i n_i / p_i`` rows
-   (the first source to run out ends it) and takes ``floor(p_i * T)`` rows of
-   each source: its first rows in (file name, row) order.
+   ``n_i`` good rows in source ``i``, the mixture has ``T = min_i n_i / p_i``
+   rows (the first source to run out ends it) and takes ``floor(p_i * T)``
+   rows of each source: its first good rows in (file name, row) order. Bad
+   records (rows marked by a reader) take no share: they go with the good row
+   after them, so they are counted (and quarantined) where they stand.
 2. **In which order.** Row ``k`` of source ``i`` gets the key
    ``(k + u) / p_i`` with ``u`` in [0, 1) hashed from (seed, source, k)
    (jittered stride scheduling): sorted by key, each source keeps its order
    and every prefix of the mixture holds each source in proportion ``p_i`` to
    within one row. One Ray ``sort`` does the merge.
 
-Only row counts per file and schemas travel to the driver (one small Ray pass
-over all sources), never rows; the mixed dataset reads the sources again. ``_sf_file`` becomes ``<source name>/<file>`` so rows of
+Only row counts per file, the rows of bad records and schemas travel to the
+driver (one small Ray pass over all sources), never rows; the mixed dataset reads the sources again. ``_sf_file`` becomes ``<source name>/<file>`` so rows of
 different sources keep distinct identities for seeded transforms.
 """
 
@@ -42,7 +44,8 @@ _SRC = "__sf_mix_src"
 
 
 class _Sizes:
-    """Per block: rows per file (max ``_sf_row`` + 1) and the block's schema."""
+    """Per block: rows per file (max ``_sf_row`` + 1), the rows of its bad
+    records, and the block's schema."""
 
     def __init__(self, index: int):
         self.index = index
@@ -56,35 +59,52 @@ class _Sizes:
                   <= {PROVENANCE_FILE, PROVENANCE_ROW} else data.schema.serialize().to_pybytes())
         if not all(c in batch.column_names for c in (PROVENANCE_FILE, PROVENANCE_ROW)):
             return pa.table({"src": [self.index], "f": pa.array([None], pa.string()),
-                             "m": pa.array([-1], pa.int64()), "schema": pa.array([schema], pa.binary())})
-        g = batch.select([PROVENANCE_FILE, PROVENANCE_ROW]).group_by(
-            PROVENANCE_FILE, use_threads=False
-        ).aggregate([(PROVENANCE_ROW, "max")])
+                             "m": pa.array([-1], pa.int64()),
+                             "bad": pa.array([[]], pa.list_(pa.int64())),
+                             "schema": pa.array([schema], pa.binary())})
+        rows = batch.select([PROVENANCE_FILE, PROVENANCE_ROW])
+        g = rows.group_by(PROVENANCE_FILE, use_threads=False).aggregate([(PROVENANCE_ROW, "max")])
+        files = g.column(PROVENANCE_FILE).cast(pa.string())
+        bad: dict[str, list[int]] = {}  # the rows of bad records, per file
+        if ERROR_COLUMN in batch.column_names:
+            marked = rows.filter(pc.is_valid(batch.column(ERROR_COLUMN)))
+            if marked.num_rows:
+                per = marked.group_by(PROVENANCE_FILE, use_threads=False).aggregate(
+                    [(PROVENANCE_ROW, "list")])
+                bad = dict(zip(per.column(PROVENANCE_FILE).cast(pa.string()).to_pylist(),
+                               per.column(f"{PROVENANCE_ROW}_list").to_pylist()))
         n = g.num_rows
         return pa.table(
             {
                 "src": pa.array([self.index] * n, pa.int64()),
-                "f": g.column(PROVENANCE_FILE).cast(pa.string()),
+                "f": files,
                 "m": g.column(f"{PROVENANCE_ROW}_max").cast(pa.int64()),
+                "bad": pa.array([[r for r in bad.get(f, ()) if r is not None]
+                                 for f in files.to_pylist()], pa.list_(pa.int64())),
                 "schema": pa.array([schema] * n, pa.binary()),
             }
         )
 
 
-def _survey(dss: Sequence[ray.data.Dataset]) -> tuple[list[dict[str, int]], list[pa.Schema | None]]:
-    """Rows per file and the schema of every source, in one Ray execution."""
+def _survey(dss: Sequence[ray.data.Dataset]
+            ) -> tuple[list[dict[str, int]], list[dict[str, np.ndarray]], list[pa.Schema | None]]:
+    """Records per file, the sorted rows of the bad ones per file, and the
+    schema of every source, in one Ray execution."""
     parts = [ds.map_batches(_Sizes(i), batch_format="pyarrow", batch_size=None) for i, ds in enumerate(dss)]
     merged = parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
     sizes: list[dict[str, int]] = [{} for _ in dss]
+    bad: list[dict[str, list[int]]] = [{} for _ in dss]
     schemas: list[pa.Schema | None] = [None] * len(dss)
     for b in merged.iter_batches(batch_format="pyarrow", batch_size=None):
         cols = b.to_pydict()
-        for i, f, m, sch in zip(cols["src"], cols["f"], cols["m"], cols["schema"]):
+        for i, f, m, rows, sch in zip(cols["src"], cols["f"], cols["m"], cols["bad"], cols["schema"]):
             if schemas[i] is None and sch is not None:
                 schemas[i] = pa.ipc.read_schema(pa.py_buffer(sch))
             if f is not None:
                 sizes[i][f] = max(sizes[i].get(f, 0), int(m) + 1)
-    return sizes, schemas
+                if rows:
+                    bad[i].setdefault(f, []).extend(rows)
+    return sizes, [{f: np.unique(np.asarray(r, np.int64)) for f, r in b.items()} for b in bad], schemas
 
 
 def plan_counts(sizes: Sequence[int], weights: Sequence[float]) -> list[int]:
@@ -134,11 +154,16 @@ def interleave(
     for name, w in zip(names, weights):
         if isinstance(w, bool) or not isinstance(w, (int, float)) or not (w > 0 and math.isfinite(w)):
             raise SpecError(f"interleave: weight of source {name!r} must be a positive number; got {w!r}")
-    file_sizes, schemas = _survey(dss)
-    sizes = [sum(fs.values()) for fs in file_sizes]
+    file_sizes, file_bad, schemas = _survey(dss)
+    # Weights apply to good rows: a source's bad records are mixed in where they
+    # stand and counted as bad, but take none of its share.
+    file_good = [{f: n - len(bad.get(f, ())) for f, n in fs.items()}
+                 for fs, bad in zip(file_sizes, file_bad)]
+    records = [sum(fs.values()) for fs in file_sizes]
+    sizes = [sum(fs.values()) for fs in file_good]
     # A source without a schema but with rows holds bad records only: they are
     # mixed in and counted as bad like any others.
-    for name, s, n in zip(names, schemas, sizes):
+    for name, s, n in zip(names, schemas, records):
         if s is None and n == 0:
             raise SpecError(f"interleave: source {name!r} is empty; a mixture needs rows from every source")
         missing = [c for c in (PROVENANCE_FILE, PROVENANCE_ROW) if s is not None and c not in s.names]
@@ -159,20 +184,23 @@ def interleave(
                 f"{', '.join(f'{f.name}: {f.type}' for f in base)}. Mixed sources need "
                 "the same schema (select/cast them first)."
             )
-    for name, n in zip(names, sizes):
+    for name, n, good in zip(names, records, sizes):
         if n == 0:
             raise SpecError(f"interleave: source {name!r} is empty; a mixture needs rows from every source")
+        if good == 0:
+            raise SpecError(f"interleave: every record of source {name!r} is bad; a mixture "
+                            "needs rows from every source")
     counts = plan_counts(sizes, weights)
     w = np.asarray(weights, dtype=np.float64)
     p = w / w.sum()
     salts = [_str_hash64(f"mixture/{seed}/{i}") for i in range(len(dss))]
     parts = []
-    for i, (ds, fsz) in enumerate(zip(dss, file_sizes)):
-        files = sorted(fsz)
-        offsets = dict(zip(files, np.cumsum([0] + [fsz[f] for f in files])[:-1].tolist()))
+    for i, (ds, good) in enumerate(zip(dss, file_good)):
+        files = sorted(good)
+        offsets = dict(zip(files, np.cumsum([0] + [good[f] for f in files])[:-1].tolist()))
         parts.append(
             ds.map_batches(
-                _Keyer(names[i], i, offsets, counts[i], float(p[i]), salts[i]),
+                _Keyer(names[i], i, offsets, file_bad[i], counts[i], float(p[i]), salts[i]),
                 batch_format="pyarrow",
             )
         )
@@ -182,26 +210,46 @@ def interleave(
 
 
 class _Keyer:
-    """Adds the mixture sort key to a source's rows and drops rows past its quota."""
+    """Adds the mixture sort key to a source's rows and drops rows past its quota.
 
-    def __init__(self, name: str, index: int, offsets: dict[str, int], count: int, p: float, salt: int):
-        self.name, self.index, self.offsets = name, index, offsets
+    A good row's rank is its place among the source's good rows in (file, row)
+    order (``offsets``: good rows before each file; ``bad``: each file's sorted
+    bad rows). A bad record goes with the good row after it: kept while that
+    row is within the quota, keyed just before it (it is counted, never written).
+    """
+
+    def __init__(self, name: str, index: int, offsets: dict[str, int],
+                 bad: dict[str, np.ndarray], count: int, p: float, salt: int):
+        self.name, self.index, self.offsets, self.bad = name, index, offsets, bad
         self.count, self.p, self.salt = count, p, salt
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         files = batch.column(PROVENANCE_FILE)
         enc = pc.dictionary_encode(files).combine_chunks()
-        base = np.array([self.offsets.get(f, 0) for f in enc.dictionary.to_pylist()], np.int64)
-        rank = base[enc.indices.to_numpy()] + batch.column(PROVENANCE_ROW).to_numpy().astype(np.int64)
+        names = enc.dictionary.to_pylist()
+        codes = enc.indices.to_numpy()
+        row = batch.column(PROVENANCE_ROW).to_numpy(zero_copy_only=False).astype(np.int64)
+        base = np.array([self.offsets.get(f, 0) for f in names], np.int64)
+        rank = base[codes] + row
+        for k, f in enumerate(names):  # files with bad records only
+            marked = self.bad.get(f)
+            if marked is not None and marked.size:
+                at = codes == k
+                rank[at] -= np.searchsorted(marked, row[at])  # bad rows before each row
+        is_bad = (pc.is_valid(batch.column(ERROR_COLUMN)).to_numpy(zero_copy_only=False)
+                  if ERROR_COLUMN in batch.column_names else np.zeros(len(row), bool))
         keep = rank < self.count
         batch = batch.filter(pa.array(keep))
-        rank = rank[keep]
+        rank, is_bad = rank[keep], is_bad[keep]
         # Per-row jitter in [0, 1) from (seed, source, rank): keeps each source's
         # order and the +-1 prefix guarantee, and lets the seed shape the order.
         with np.errstate(over="ignore"):
             h = mix64(np.uint64(self.salt) ^ (rank.astype(np.uint64) * GOLDEN))
         jitter = (h >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
         key = (rank.astype(np.float64) + jitter) / self.p
+        # A bad record just before the good row of its rank (bad records of one
+        # rank tie: they are counted, never written, so their order is not kept).
+        key[is_bad] = (rank[is_bad] - 0.5) / self.p
         named = pc.binary_join_element_wise(self.name, batch.column(PROVENANCE_FILE), "/")
         batch = batch.set_column(batch.column_names.index(PROVENANCE_FILE), PROVENANCE_FILE, named)
         batch = batch.append_column(_KEY, pa.array(key))

@@ -77,7 +77,7 @@ def _order(tables: dict[str, pa.Table], weights, seed: int) -> list[str]:
     keyed = []
     for i, (name, t) in enumerate(tables.items()):
         salt = m._str_hash64(f"mixture/{seed}/{i}")
-        keyed.append(m._Keyer(name, i, {"f": 0}, counts[i], float(p[i]), salt)(t))
+        keyed.append(m._Keyer(name, i, {"f": 0}, {}, counts[i], float(p[i]), salt)(t))
     allk = pa.concat_tables(keyed)
     order = np.lexsort((allk.column(m._SRC).to_numpy(), allk.column(m._KEY).to_numpy()))
     return [allk.column(PROVENANCE_FILE)[int(j)].as_py() + f"#{allk.column(PROVENANCE_ROW)[int(j)].as_py()}" for j in order]
@@ -158,5 +158,38 @@ def test_mixture_source_whose_first_file_is_all_bad_records(sources, ray_cluster
     }
     report = Pipeline(spec).run()
     taken = {src["name"]: src["rows"] for src in report.sources}
-    assert taken == {"web": 25, "code": 25}
-    assert report.rows_skipped == 15 and report.rows_written == 35
+    # Weights apply to good rows: code holds 10 (its 15 bad records took a share
+    # of 25 and the run wrote 25 web rows against 10 code rows, reporting 25/25).
+    assert taken == {"web": 10, "code": 10}
+    assert report.rows_skipped == 15 and report.rows_written == 20
+    from slicefeed.connectors import read_dataset
+
+    written = [r["src"] for r in read_dataset(os.path.join(local_dir, "mixed")).iter_rows()]
+    assert sorted(written) == ["code"] * 10 + ["web"] * 10
+
+
+@pytest.mark.slow
+def test_mixture_weights_apply_to_good_rows(sources, ray_cluster, local_dir):
+    """Bad records in the middle of a source are skipped where they stand; the
+    rows taken from each source, and every prefix of the mixture, follow the
+    weights over good rows."""
+    import ray
+
+    web = os.path.join(local_dir, "web", "part-1.jsonl")  # rows 15..29 of web
+    with open(web) as f:
+        lines = f.read().splitlines()
+    lines[2:2] = ['{"src": oops}'] * 6  # 6 bad records after web's 17th row
+    with open(web, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    dss = {k: read_jsonl(sources[k], provenance=True, mark_errors=True) for k in ("web", "code")}
+    ds, counts = interleave(dss, [2, 1], seed=5)
+    assert counts == {"web": 40, "code": 20}
+    t = pa.concat_tables(ray.get(ds.to_arrow_refs()), promote_options="default")
+    good = t.filter(pa.compute.is_null(t.column("_sf_error")))
+    assert good.num_rows == 60 and t.num_rows == 66
+    src = np.array(good.column("src").to_pylist())
+    for n in range(1, 61):
+        assert abs((src[:n] == "web").sum() - n * 2 / 3) <= 1.0, n
+    v = np.array(good.column("v").to_pylist())
+    assert v[src == "web"].tolist() == list(range(40))
+    assert {PROVENANCE_FILE, PROVENANCE_ROW} <= set(t.column_names)
