@@ -101,7 +101,9 @@ def _survey(dss: Sequence[ray.data.Dataset]
             if schemas[i] is None and sch is not None:
                 schemas[i] = pa.ipc.read_schema(pa.py_buffer(sch))
             if f is not None:
-                sizes[i][f] = max(sizes[i].get(f, 0), int(m) + 1)
+                # A file the reader could not read at all has no rows (its one
+                # marker, a null row, fails the run with the file named).
+                sizes[i][f] = max(sizes[i].get(f, 0), 0 if m is None else int(m) + 1)
                 if rows:
                     bad[i].setdefault(f, []).extend(rows)
     return sizes, [{f: np.unique(np.asarray(r, np.int64)) for f, r in b.items()} for b in bad], schemas
@@ -200,7 +202,8 @@ def interleave(
         offsets = dict(zip(files, np.cumsum([0] + [good[f] for f in files])[:-1].tolist()))
         parts.append(
             ds.map_batches(
-                _Keyer(names[i], i, offsets, file_bad[i], counts[i], float(p[i]), salts[i]),
+                _Keyer(names[i], i, offsets, file_bad[i], counts[i], float(p[i]), salts[i],
+                       whole=counts[i] >= sizes[i]),
                 batch_format="pyarrow",
             )
         )
@@ -215,20 +218,26 @@ class _Keyer:
     A good row's rank is its place among the source's good rows in (file, row)
     order (``offsets``: good rows before each file; ``bad``: each file's sorted
     bad rows). A bad record goes with the good row after it: kept while that
-    row is within the quota, keyed just before it (it is counted, never written).
+    row is within the quota, keyed just before it (it is counted, never written);
+    those after a source's last good row are kept when the mixture takes the
+    whole source (``whole``). A file's marker (a null row: the file could not
+    be read) is always kept, so the run fails naming it.
     """
 
     def __init__(self, name: str, index: int, offsets: dict[str, int],
-                 bad: dict[str, np.ndarray], count: int, p: float, salt: int):
+                 bad: dict[str, np.ndarray], count: int, p: float, salt: int,
+                 whole: bool = False):
         self.name, self.index, self.offsets, self.bad = name, index, offsets, bad
-        self.count, self.p, self.salt = count, p, salt
+        self.count, self.p, self.salt, self.whole = count, p, salt, whole
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         files = batch.column(PROVENANCE_FILE)
         enc = pc.dictionary_encode(files).combine_chunks()
         names = enc.dictionary.to_pylist()
         codes = enc.indices.to_numpy()
-        row = batch.column(PROVENANCE_ROW).to_numpy(zero_copy_only=False).astype(np.int64)
+        rows = batch.column(PROVENANCE_ROW)
+        marker = pc.is_null(rows).to_numpy(zero_copy_only=False)
+        row = pc.fill_null(rows, 0).to_numpy(zero_copy_only=False).astype(np.int64)
         base = np.array([self.offsets.get(f, 0) for f in names], np.int64)
         rank = base[codes] + row
         for k, f in enumerate(names):  # files with bad records only
@@ -238,9 +247,9 @@ class _Keyer:
                 rank[at] -= np.searchsorted(marked, row[at])  # bad rows before each row
         is_bad = (pc.is_valid(batch.column(ERROR_COLUMN)).to_numpy(zero_copy_only=False)
                   if ERROR_COLUMN in batch.column_names else np.zeros(len(row), bool))
-        keep = rank < self.count
+        keep = (rank < self.count) | marker | (is_bad & self.whole)
         batch = batch.filter(pa.array(keep))
-        rank, is_bad = rank[keep], is_bad[keep]
+        rank, is_bad, marker = rank[keep], is_bad[keep], marker[keep]
         # Per-row jitter in [0, 1) from (seed, source, rank): keeps each source's
         # order and the +-1 prefix guarantee, and lets the seed shape the order.
         with np.errstate(over="ignore"):
@@ -250,6 +259,7 @@ class _Keyer:
         # A bad record just before the good row of its rank (bad records of one
         # rank tie: they are counted, never written, so their order is not kept).
         key[is_bad] = (rank[is_bad] - 0.5) / self.p
+        key[marker] = -1.0
         named = pc.binary_join_element_wise(self.name, batch.column(PROVENANCE_FILE), "/")
         batch = batch.set_column(batch.column_names.index(PROVENANCE_FILE), PROVENANCE_FILE, named)
         batch = batch.append_column(_KEY, pa.array(key))

@@ -181,15 +181,44 @@ def test_mixture_weights_apply_to_good_rows(sources, ray_cluster, local_dir):
     lines[2:2] = ['{"src": oops}'] * 6  # 6 bad records after web's 17th row
     with open(web, "w") as f:
         f.write("\n".join(lines) + "\n")
+    # 3 after web's last good row: the mixture takes all of web, so they count too.
+    with open(os.path.join(local_dir, "web", "part-2.jsonl"), "a") as f:
+        f.write('{"src": oops}\n' * 3)
     dss = {k: read_jsonl(sources[k], provenance=True, mark_errors=True) for k in ("web", "code")}
     ds, counts = interleave(dss, [2, 1], seed=5)
     assert counts == {"web": 40, "code": 20}
     t = pa.concat_tables(ray.get(ds.to_arrow_refs()), promote_options="default")
     good = t.filter(pa.compute.is_null(t.column("_sf_error")))
-    assert good.num_rows == 60 and t.num_rows == 66
+    assert good.num_rows == 60 and t.num_rows == 69
     src = np.array(good.column("src").to_pylist())
     for n in range(1, 61):
         assert abs((src[:n] == "web").sum() - n * 2 / 3) <= 1.0, n
     v = np.array(good.column("v").to_pylist())
     assert v[src == "web"].tolist() == list(range(40))
     assert {PROVENANCE_FILE, PROVENANCE_ROW} <= set(t.column_names)
+
+
+@pytest.mark.slow
+def test_mixture_with_an_unreadable_file_fails_naming_it(ray_cluster, local_dir):
+    """A Parquet file that cannot be read at all (its row count unknown) made the
+    mixture's survey fail with a bare TypeError; the run fails naming the file,
+    whatever the error budget."""
+    import pyarrow.parquet as pq
+
+    from slicefeed.connectors import BadRecordError
+    from slicefeed.pipelines import Pipeline
+
+    for name, n in (("web", 40), ("code", 30)):
+        os.makedirs(os.path.join(local_dir, name))
+        pq.write_table(pa.table({"src": [name] * n, "v": list(range(n))}),
+                       os.path.join(local_dir, name, "b.parquet"))
+    with open(os.path.join(local_dir, "web", "a.parquet"), "wb") as f:
+        f.write(b"garbage, not parquet")
+    spec = {
+        "name": "mix", "seed": 3, "on_error": "quarantine", "max_error_fraction": 1.0,
+        "sources": [{"name": n, "format": "parquet", "uri": os.path.join(local_dir, n),
+                     "weight": 1} for n in ("web", "code")],
+        "sink": {"format": "parquet", "uri": os.path.join(local_dir, "mixed")},
+    }
+    with pytest.raises(BadRecordError, match=r"could not be read at all \('web/a\.parquet'"):
+        Pipeline(spec).run()
