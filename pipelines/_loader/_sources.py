@@ -791,9 +791,25 @@ def _ray_read_tables(ds: Any, ctx: ReadContext) -> Iterator[pa.Table]:
     """Blocks of a ``reader="ray"`` read, as produced (one per window), with the
     read tasks' counters taken from their metadata; each block was put once in
     Ray's object store, a copy of every column."""
+    import ray.exceptions
+
+    from slicefeed.connectors import SlicefeedError
+
     seen: set[str] = set()
-    for t in ds.iter_batches(batch_size=None, batch_format="pyarrow",
-                             prefetch_batches=ctx.ray_prefetch_batches):
+    blocks = iter(ds.iter_batches(batch_size=None, batch_format="pyarrow",
+                                  prefetch_batches=ctx.ray_prefetch_batches))
+    while True:
+        try:
+            t = next(blocks)
+        except StopIteration:
+            return
+        except ray.exceptions.RayTaskError as e:
+            # A read task's named error (a shard gone, replaced or corrupt) leads
+            # the message instead of Ray's traceback of the task.
+            cause = getattr(e, "cause", None)
+            if isinstance(cause, SlicefeedError):
+                raise cause from None
+            raise
         md = dict(t.schema.metadata or {})
         raw = md.pop(READ_COUNTERS_KEY, None)
         t = t.replace_schema_metadata(md or None)
