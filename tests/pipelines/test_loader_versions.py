@@ -42,12 +42,12 @@ def test_loader_keeps_reading_the_version_it_opened(env, local_dir):
 
 
 @pytest.mark.parametrize("reader", ["local", "ray"])
-def test_loader_whose_version_was_vacuumed_says_so(env, local_dir, monkeypatch, reader):
-    """A vacuum that removes the version a running loader reads (here with
-    retain_hours=0 right after an overwrite) made its next shard read fail with
-    a bare FileNotFoundError; the error names the shard, says the manifest
-    lists it, and what removes such files and what to do. Resuming a state of
-    the removed version says the version is gone."""
+def test_loader_whose_version_was_vacuumed_says_so(env, local_dir, reader):
+    """A vacuum that removes the version a loader reads (here with
+    retain_hours=0 right after an overwrite, before the first batch) made its
+    shard reads fail with a bare FileNotFoundError; the error names the shard,
+    says the manifest lists it, and what removes such files and what to do.
+    Resuming a state of the removed version says the version is gone."""
     import ray
 
     from slicefeed.connectors import (
@@ -57,17 +57,12 @@ def test_loader_whose_version_was_vacuumed_says_so(env, local_dir, monkeypatch, 
         write_parquet,
     )
     from slicefeed.pipelines import JaxLoader
-    from slicefeed.pipelines._loader import _jaxloader
 
-    # Windows of 64 rows (~48 bytes each): the shards after the first few are
-    # opened after the vacuum.
-    monkeypatch.setattr(_jaxloader, "WINDOW_TARGET_BYTES", 64 * 48)
-    write_parquet(ray.data.from_arrow(make_table(0, 1024)).repartition(16), local_dir)
-    loader = JaxLoader(local_dir, global_batch_size=8, num_epochs=1, prefetch=1,
-                       local_read_ahead=1, reader=reader)
-    next(loader)
+    write_parquet(ray.data.from_arrow(make_table(0, 64)).repartition(4), local_dir)
+    # The plan comes from the manifest: no shard is opened before the first batch.
+    loader = JaxLoader(local_dir, global_batch_size=8, num_epochs=1, reader=reader)
     state = loader.state_dict()
-    write_parquet(ray.data.from_arrow(make_table(1000, 64)).repartition(8), local_dir,
+    write_parquet(ray.data.from_arrow(make_table(1000, 64)).repartition(4), local_dir,
                   overwrite=True)
     vacuum(local_dir, retain_hours=0)
     # Under reader="ray" too, the named message leads (not Ray's task traceback).
