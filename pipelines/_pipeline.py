@@ -270,6 +270,25 @@ def _describe_batch(table: pa.Table, transforms: Sequence[Any]) -> str:
     return _describe_rows(f"transform(s) {', '.join(t.name for t in transforms)}", table)
 
 
+def _type_mismatch(transform: Any, table: pa.Table, error: Exception) -> SpecError:
+    """A transform that met column types its checks did not: every file of a
+    source is typed from its own values (CSV, JSONL), so a later file can give
+    a column another type than the one ``validate`` checked against."""
+    where = ""
+    if PROVENANCE_FILE in table.column_names:
+        files = table.column(PROVENANCE_FILE).unique().to_pylist()[:3]
+        where = f" from input file(s) {', '.join(repr(printable(str(f), 200)) for f in files)}"
+    own = {PROVENANCE_FILE, PROVENANCE_ROW, ERROR_COLUMN, RAW_COLUMN}
+    data = [f for f in table.schema if f.name not in own]
+    types = ", ".join(f"{printable(f.name, 60)}: {f.type}" for f in data[:20])
+    first = printable(str(error).splitlines()[0] if str(error) else type(error).__name__, 300)
+    return SpecError(
+        f"transform {transform.name!r} cannot run on a batch{where} whose columns are "
+        f"{types}{' ...' if len(data) > 20 else ''} ({first}). A column of this file has "
+        "another type than in the files checked before the run; add a `cast` transform "
+        "before it so every file gives the same types.")
+
+
 def _describe_rows(what: str, table: pa.Table) -> str:
     """``running <what> on input file(s) x (rows i..j)`` (vectorised)."""
     files = table.column(PROVENANCE_FILE).unique().to_pylist()[:3]
@@ -465,7 +484,11 @@ class _Stage:
                 break
             n_in = table.num_rows
             t0 = time.perf_counter()
-            table, bad = split_errors(step.fn(table))
+            try:
+                out = step.fn(table)
+            except (pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+                raise _type_mismatch(self.transforms[step.first], table, e) from None
+            table, bad = split_errors(out)
             # A fused step's bad rows are its first transform's; the rest of
             # its transforms see the rows that remain (none: as if the loop
             # had stopped before them).

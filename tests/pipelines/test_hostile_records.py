@@ -248,6 +248,28 @@ def test_csv_numbers_written_with_leading_zeros_or_a_sign_arrive_as_written(ray_
 
 
 @pytest.mark.slow
+def test_transform_meeting_a_later_files_type_names_file_and_columns(ray_cluster, local_dir):
+    """`validate` types a CSV column from the first file; a later file whose
+    `-08` keeps that column as text made `filter: n > 50` fail with pyarrow's
+    raw "Function 'greater' has no kernel matching input types (string, int8)".
+    The error names the transform, the file, the batch's column types and the fix."""
+    from slicefeed.connectors import SpecError
+
+    put_bytes(f"{local_dir}/raw/a.csv", b"id,n\n1,70\n2,20\n")
+    put_bytes(f"{local_dir}/raw/b.csv", b"id,n\n3,-08\n4,99\n")
+    spec = _spec(local_dir, "csv", on_error="fail",
+                 transforms=[{"filter": {"expr": "n > 50"}}])
+    with pytest.raises(SpecError, match=r"transform 'filter' cannot run on a batch from input "
+                                        r"file\(s\) '[^']*b\.csv' whose columns are id: int64, "
+                                        r"n: string .*add a `cast` transform"):
+        Pipeline(spec).run()
+    spec["transforms"].insert(0, {"cast": {"columns": {"n": "int64"}}})
+    Pipeline(spec).run()
+    got = _committed_table(f"{local_dir}/out")
+    assert got.column("id").to_pylist() == [1, 4]
+
+
+@pytest.mark.slow
 def test_jsonl_number_beyond_float64_is_one_bad_record(ray_cluster, local_dir):
     """pyarrow refuses a JSON number beyond float64's range ("Number too big"):
     the run failed with "cannot be read as JSON lines", and under quarantine the
