@@ -542,14 +542,14 @@ def read_run(batch: dict, *, fs, base_dir: str, columns: list[str], version: int
                 raise _shards.gone(f"{base_dir}/{path}", version) from None
 
         def open_(path: str) -> Any:
-            if path not in opened and expect.get(path) is not None and _shards.is_remote(fs):
+            if expect.get(path) is not None and _shards.is_remote(fs):
                 # Object storage: no stat, the run's column chunks in concurrent reads.
                 opened[path], twin = _shards.open_shard(
                     fs, f"{base_dir}/{path}", expect[path], _shards.run_spans(wins, path),
                     columns)
                 if concurrent_batch_rows:
                     sources[path] = twin
-            if path not in opened:
+            else:
                 native = _native_path(fs, f"{base_dir}/{path}") if concurrent_batch_rows else None
                 f = fs.open(f"{base_dir}/{path}", "rb") if native is None else pa.OSFile(native)
                 handles.append(f)
