@@ -68,7 +68,9 @@ def train_loop(config: dict) -> None:
         loss, g = jax.value_and_grad(loss_fn)(w)
         return w - 0.01 * g, loss
 
-    w = jnp.zeros(())
+    # The weight goes back to the host after every step, so every call of the
+    # step sees the same input types and shardings (a batch's are the loader's).
+    w = np.float32(0.0)
     steps = []
     start = loader.state_dict()["step"]
     for i, batch in enumerate(loader):
@@ -78,6 +80,7 @@ def train_loop(config: dict) -> None:
         local = np.concatenate([np.asarray(s.data) for s in ids.addressable_shards])
         mask = np.concatenate([np.asarray(s.data) for s in batch["mask"].addressable_shards])
         w, loss = train_step(w, batch)
+        w = np.asarray(w.addressable_data(0))
         steps.append(
             {
                 "step": step,
@@ -104,6 +107,9 @@ def train_loop(config: dict) -> None:
         "local_device_count": jax.local_device_count(),
         "node_id": ray.get_runtime_context().get_node_id(),
         "steps_per_epoch": loader.stats()["steps_per_epoch"],
+        "rows": loader.stats()["rows"],
+        # Compilations of the step: one for every batch (same shapes and shardings).
+        "traces": train_step._cache_size(),
         "steps": steps,
     }
     with open(os.path.join(config["out"], f"{config['run']}-rank{rank}.json"), "w") as f:

@@ -87,6 +87,9 @@ def test_batches_are_global_and_sharded_over_all_devices(e2e):
             assert s["devices"] == 16
             assert s["local_shards"] == 4
             assert len(s["ids"]) + s["padded"] == GLOBAL_BATCH // 4
+    # One compilation serves every step, the padded last ones included.
+    for rec in e2e["full"] + e2e["resumed"]:
+        assert rec["traces"] == 1, rec["rank"]
 
 
 def test_same_steps_on_every_host(e2e):
@@ -107,6 +110,8 @@ def test_every_row_exactly_once(e2e):
     padded = sum(s["padded"] for rec in e2e["full"] for s in rec["steps"])
     steps = len(e2e["full"][0]["steps"])
     assert ROWS + padded == steps * GLOBAL_BATCH
+    # The loaders' own counts agree with what the steps saw.
+    assert sum(rec["rows"] for rec in e2e["full"]) == ROWS
 
 
 def test_checkpoint_holds_every_hosts_loader_state(e2e):
