@@ -17,6 +17,7 @@ import dataclasses
 import json
 import os
 import platform
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from importlib import metadata as _md
@@ -200,6 +201,10 @@ class _Counters:
     """
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Forgets everything: the state of a new actor, for the next run."""
         self.counts = StageCounts()
         self.seen: set[str] = set()
         # Work started (a stage's batch, a file read, a shard written):
@@ -242,11 +247,50 @@ class _Counters:
         return self.counts
 
 
+# Counters actors of runs that committed, kept for this driver's next runs:
+# starting an actor is a new worker process, which the first task of a run
+# would otherwise wait for (about a second on a busy 2-core machine). Only
+# actors of runs whose tasks have all ended are kept, and each is reset before
+# it serves again, so no count crosses from one run to another.
+_IDLE_COUNTERS: list[Any] = []
+_IDLE_OWNER: list[str] = []  # the driver (Ray worker id) the idle actors belong to
+_IDLE_LOCK = threading.Lock()
+_MAX_IDLE_COUNTERS = 2
+
+
 def _counters_actor() -> Any:
-    """A new :class:`_Counters` actor for one run (no CPU: it only counts)."""
+    """A :class:`_Counters` actor for one run, reset (no CPU: it only counts);
+    an idle one of an earlier run of this driver when there is one."""
     import ray
 
-    return ray.remote(num_cpus=0)(_Counters).remote()
+    owner = ray.get_runtime_context().get_worker_id()
+    while True:
+        with _IDLE_LOCK:
+            if _IDLE_OWNER != [owner]:  # another ray.init: the old handles are gone
+                _IDLE_COUNTERS.clear()
+                _IDLE_OWNER[:] = [owner]
+            actor = _IDLE_COUNTERS.pop() if _IDLE_COUNTERS else None
+        if actor is None:
+            return ray.remote(num_cpus=0)(_Counters).remote()
+        try:
+            ray.get(actor.reset.remote(), timeout=30)
+            return actor
+        except Exception:  # noqa: BLE001 - a dead or stuck actor: start a new one
+            ray.kill(actor)
+
+
+def _release_counters(actor: Any, *, reuse: bool) -> None:
+    """Ends a run's use of its counters: kept for a later run when ``reuse`` (every
+    task of the run has ended), killed otherwise."""
+    import ray
+
+    if reuse:
+        owner = ray.get_runtime_context().get_worker_id()
+        with _IDLE_LOCK:
+            if _IDLE_OWNER == [owner] and len(_IDLE_COUNTERS) < _MAX_IDLE_COUNTERS:
+                _IDLE_COUNTERS.append(actor)
+                return
+    ray.kill(actor)
 
 
 def _batch_key(stage: str, table: pa.Table) -> str | None:
@@ -1201,7 +1245,7 @@ class Pipeline:
             # Another run committed first (while this one wrote, or since the
             # check above). Same pipeline over the same inputs: its result is
             # this run's result.
-            ray.kill(counters)
+            _release_counters(counters, reuse=False)
             version = getattr(e, "version", None)
             if version is not None or isinstance(e, AlreadyCommittedError):
                 winner = read_manifest(target, version=version)
@@ -1210,12 +1254,13 @@ class Pipeline:
             raise
         except Exception as e:
             crash = self._crash_error(counters) if _worker_died(e) else None
+            _release_counters(counters, reuse=False)
             if crash is None:
                 raise
             raise crash from None
         wall = time.perf_counter() - t0
         c: StageCounts = ray.get(counters.get.remote())
-        ray.kill(counters)
+        _release_counters(counters, reuse=True)
         sources = self._source_sizes()
         if len(sources) == 1:
             sources[0]["rows_read"] = c.rows_read

@@ -84,6 +84,29 @@ def test_run_is_deterministic(ray_cluster, base_uri):
     assert a.fingerprint == b.fingerprint
 
 
+def test_runs_in_one_driver_count_only_their_own_rows(ray_cluster, local_dir):
+    """Runs of one driver share a counters actor one after another (it is reset
+    between them): each report counts its own run's rows, after a committed run
+    with the same batches and after a failed one."""
+    _corpus(local_dir)
+
+    def run(sink: str, **kw):
+        return Pipeline(_spec(local_dir, sink={"format": "parquet", "uri": f"{local_dir}/{sink}"},
+                              **kw)).run()
+
+    # The same input files, so the same batches; another filter the second time.
+    for sink, least in (("a", 5), ("b", 10)):
+        transforms = [{"filter": {"expr": f"id >= {least}"}}, *_spec(local_dir)["transforms"][1:]]
+        r = run(sink, transforms=transforms)
+        assert (r.rows_read, r.rows_written, r.rows_filtered) == (30, 30 - least, least), sink
+        assert r.filtered_by == {"filter": least}, sink
+    put_bytes(f"{local_dir}/raw/f9.jsonl", '{"id": 101, "score": "seven", "text": "b"}\n')
+    with pytest.raises(BadRecordError):
+        run("c")
+    r = run("d", on_error="skip", max_error_fraction=0.5)
+    assert (r.rows_read, r.rows_written, r.rows_skipped, r.rows_filtered) == (31, 25, 1, 5)
+
+
 def test_transform_checked_against_source_schema_before_ray(base_uri):
     _corpus(base_uri)
     spec = _spec(base_uri, transforms=[{"select": {"columns": ["txt"]}}])
