@@ -235,8 +235,10 @@ def test_worker_killed_mid_job_still_completes(ray_cluster, tmp_path):
 
 
 def _records(sink: str) -> list[str]:
+    """The side records of finished units. A record being written is a hidden
+    temporary file until it is linked to its name: not a finished unit yet."""
     d = os.path.join(sink, "_units")
-    return sorted(os.listdir(d)) if os.path.isdir(d) else []
+    return sorted(n for n in os.listdir(d) if not n.startswith(".")) if os.path.isdir(d) else []
 
 
 @pytest.mark.slow
