@@ -252,8 +252,7 @@ class _Counters:
 # would otherwise wait for (about a second on a busy 2-core machine). Only
 # actors of runs whose tasks have all ended are kept, and each is reset before
 # it serves again, so no count crosses from one run to another.
-_IDLE_COUNTERS: list[Any] = []
-_IDLE_OWNER: list[str] = []  # the driver (Ray worker id) the idle actors belong to
+_IDLE_COUNTERS: list[tuple[str, Any]] = []  # (the driver's Ray worker id, actor)
 _IDLE_LOCK = threading.Lock()
 _MAX_IDLE_COUNTERS = 2
 
@@ -266,10 +265,9 @@ def _counters_actor() -> Any:
     owner = ray.get_runtime_context().get_worker_id()
     while True:
         with _IDLE_LOCK:
-            if _IDLE_OWNER != [owner]:  # another ray.init: the old handles are gone
-                _IDLE_COUNTERS.clear()
-                _IDLE_OWNER[:] = [owner]
-            actor = _IDLE_COUNTERS.pop() if _IDLE_COUNTERS else None
+            # Another driver id is an earlier ray.init, whose handles are gone.
+            _IDLE_COUNTERS[:] = [(o, a) for o, a in _IDLE_COUNTERS if o == owner]
+            actor = _IDLE_COUNTERS.pop()[1] if _IDLE_COUNTERS else None
         if actor is None:
             return ray.remote(num_cpus=0)(_Counters).remote()
         try:
@@ -287,8 +285,8 @@ def _release_counters(actor: Any, *, reuse: bool) -> None:
     if reuse:
         owner = ray.get_runtime_context().get_worker_id()
         with _IDLE_LOCK:
-            if _IDLE_OWNER == [owner] and len(_IDLE_COUNTERS) < _MAX_IDLE_COUNTERS:
-                _IDLE_COUNTERS.append(actor)
+            if len(_IDLE_COUNTERS) < _MAX_IDLE_COUNTERS:
+                _IDLE_COUNTERS.append((owner, actor))
                 return
     ray.kill(actor)
 
