@@ -510,13 +510,14 @@ def rounded_csv_rows(
 
 _SIGN = _byte_class(b"+-")
 #: A number whose text starts like this is not written as its value prints:
-#: a leading zero (``02139``) or a plus sign (``+15551234567``).
-_NOT_AS_PRINTED = r"^\s*(?:[+-]?0\d|\+)"
+#: a leading zero (``02139``), a plus sign (``+15551234567``) or a hexadecimal
+#: prefix (``0x1F``, which pyarrow types as the integer 31).
+_NOT_AS_PRINTED = r"^\s*(?:[+-]?0\d|\+|0[xX])"
 
 
 def _padded_number_candidates(data: bytes, delimiter: str) -> bool:
-    """Whether ``data`` may hold a CSV field that starts ``0`` + digit (after an
-    optional sign) or ``+``: a superset, found with NumPy over
+    """Whether ``data`` may hold a CSV field that starts ``0`` + a digit, ``x``
+    or ``X`` (after an optional sign) or ``+``: a superset, found with NumPy over
     the text, then over its hits only (1-4 ms per MB; times, dense in zeros,
     cost the most)."""
     b = np.frombuffer(data, np.uint8)
@@ -528,7 +529,7 @@ def _padded_number_candidates(data: bytes, delimiter: str) -> bool:
         if starts[b[plus - 1]].any():
             return True
     zero = b[1:-1] == ord("0")
-    zero &= (b[2:] - np.uint8(48)) < 10  # uint8 wraps below "0"
+    zero &= ((b[2:] - np.uint8(48)) < 10) | ((b[2:] | np.uint8(0x20)) == ord("x"))  # uint8 wraps below "0"
     at = np.flatnonzero(zero) + 1
     if delimiter != ":":  # "00:00", a time (with ":" between fields, a number)
         at = at[b[np.minimum(at + 2, b.size - 1)] != ord(":")]
@@ -542,9 +543,10 @@ def numbers_as_written(
 ) -> pa.Table:
     """``table`` (read from CSV text ``data``) with each numeric column that
     holds a number pyarrow would not print as written, a leading zero
-    (``02139``) or a plus sign (``+15551234567``), replaced by its text: such
-    values are identifiers more often than numbers, and the typed column would
-    change them (``2139``, ``15551234567.0``). ``names``: the columns to look
+    (``02139``), a plus sign (``+15551234567``) or a hexadecimal prefix
+    (``0x1F``), replaced by its text: such values are identifiers more often
+    than numbers, and the typed column would change them (``2139``,
+    ``15551234567.0``, ``31``). ``names``: the columns to look
     at (default all). ``as_text(names)`` re-reads columns of the same records
     as strings."""
     if not _padded_number_candidates(data, delimiter):

@@ -181,6 +181,8 @@ def test_decode_reads_pyarrow_constants_in_a_value_over_many_lines(lines):
     (b"id,phone\n1,+15551234567\n", ",", {"phone"}),        # a plus sign (typed float64)
     (b"id,x\n1,+inf\n2,1.5\n", ",", {"x"}),                 # a plus sign before a word
     (b"id,x\n1,\"+.5\"\n", ",", {"x"}),                     # quoted
+    (b"id,h\n1,0x10\n2,0XfF\n", ",", {"h"}),               # hexadecimal (typed int64)
+    (b"id,h\n1, 0x1f\n2,7\n", ",", {"h"}),                  # hexadecimal, padded
     (b"id\tzip\n1\t 0042\n", "\t", {"zip"}),                # tab-separated, padded
     (b"id:zip\n1:02\n2:-07\n", ":", {"zip"}),                # ":" between fields
     (b"id,x\n0,0.5\n10,-0.25\n", ",", set()),               # 0 before a point or alone

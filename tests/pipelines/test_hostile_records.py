@@ -213,16 +213,16 @@ def test_csv_number_beyond_float64_is_a_bad_record(ray_cluster, local_dir):
 
 @pytest.mark.slow
 def test_csv_numbers_written_with_leading_zeros_or_a_sign_arrive_as_written(ray_cluster, local_dir):
-    """pyarrow's CSV reader typed ``02139`` as the integer 2139 and
-    ``+15551234567`` as the float 15551234567.0: the text was changed with the
-    run green. A numeric column holding such a number arrives as the strings
-    written (`cast` makes a number where one is wanted); other numeric
-    columns keep their types. The same holds on the bad-record path and in the
-    schema `validate` shows."""
-    body = ("id,zip,phone,n,at\n"
-            "1,02139,+15551234567,7,2024-01-01 00:00:00\n"
-            "2,10001,5551234,-08,2024-01-02 00:00:00\n"
-            "3,00501,+4420,12,2024-01-03 00:00:00\n")
+    """pyarrow's CSV reader typed ``02139`` as the integer 2139,
+    ``+15551234567`` as the float 15551234567.0 and ``0x1F`` as 31: the text
+    was changed with the run green. A numeric column holding such a number
+    arrives as the strings written (`cast` makes a number where one is
+    wanted); other numeric columns keep their types. The same holds on the
+    bad-record path and in the schema `validate` shows."""
+    body = ("id,zip,phone,n,at,h\n"
+            "1,02139,+15551234567,7,2024-01-01 00:00:00,0x1F\n"
+            "2,10001,5551234,-08,2024-01-02 00:00:00,0xff\n"
+            "3,00501,+4420,12,2024-01-03 00:00:00,10\n")
     put_bytes(f"{local_dir}/raw/a.csv", body.encode())
     Pipeline(_spec(local_dir, "csv", on_error="fail")).run()
     got = _committed_table(f"{local_dir}/out")
@@ -230,6 +230,7 @@ def test_csv_numbers_written_with_leading_zeros_or_a_sign_arrive_as_written(ray_
     assert got.column("zip").to_pylist() == ["02139", "10001", "00501"]
     assert got.column("phone").to_pylist() == ["+15551234567", "5551234", "+4420"]
     assert got.column("n").to_pylist() == ["7", "-08", "12"]
+    assert got.column("h").to_pylist() == ["0x1F", "0xff", "10"]
     # Times ("00:00:00") are not numbers written with a leading zero.
     assert pa.types.is_timestamp(got.schema.field("at").type)
     # The bad-record path reads the same values.
