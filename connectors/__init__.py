@@ -30,6 +30,7 @@ from slicefeed.connectors._errors import (
     WorkerCrashError,
     printable,
     short_repr,
+    typed_columns,
 )
 from slicefeed.connectors._names import (
     ERROR_COLUMN,
@@ -172,6 +173,7 @@ __all__ = [
     "read_text",
     "resolve_filesystem",
     "short_repr",
+    "typed_columns",
     "vacuum",
     "verify_shards",
     "write_atomic",

@@ -8,6 +8,9 @@ classes here cover what has no builtin.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 
 class SlicefeedError(Exception):
     """Base class for slicefeed's own errors."""
@@ -93,6 +96,15 @@ def printable(text: str, limit: int = QUOTE_LIMIT) -> str:
     if not text.isprintable():
         text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
     return f"{text}..." if cut else text
+
+
+def typed_columns(fields: Iterable[Any], limit: int = 20) -> str:
+    """``a: int64, b: string`` for a message: the first ``limit`` of an Arrow
+    schema's (or any iterable of fields') columns, each name bounded by
+    :func:`printable`, then `` ... (N more)``."""
+    fields = list(fields)
+    shown = ", ".join(f"{printable(f.name, 60)}: {f.type}" for f in fields[:limit])
+    return shown + (f" ... ({len(fields) - limit} more)" if len(fields) > limit else "")
 
 
 def short_repr(value: object, limit: int = QUOTE_LIMIT) -> str:

@@ -178,24 +178,48 @@ def _common_schema(returns: list[dict], uri: str) -> pa.Schema | None:
         if schema is None:
             schema, first = s, r
         elif not s.equals(schema):
-            diff = [
-                f"'{printable(f.name, 60)}': "
-                f"{schema.field(f.name).type if f.name in schema.names else 'missing'} vs {f.type}"
-                for f in s
-                if f.name not in schema.names or schema.field(f.name).type != f.type
-            ] or ["the same columns in another order"]
+            diff, missing = _schema_diff(schema, s)
             more = f" and {len(diff) - 3} more" if len(diff) > 3 else ""
 
             def where(rec: dict) -> str:
                 return (f"input file {printable(rec['input'], 200)}" if rec.get("input")
                         else f"shard {rec['path']}")
 
+            fix = ("Keep the columns every batch has (the source's `options: {columns: "
+                   "[...]}` or a `select` transform), or give the inputs the same columns"
+                   if missing else
+                   "Add a `cast` transform so every batch has the same types")
             raise ValueError(
                 f"{uri}: the rows of {where(first)} and of {where(r)} have different types "
-                f"({'; '.join(diff[:3])}{more}). Add a `cast` transform so every batch has "
-                "the same types."
+                f"({'; '.join(diff[:3])}{more}). {fix}."
             )
     return schema
+
+
+def _schema_diff(a: pa.Schema, b: pa.Schema) -> tuple[list[str], bool]:
+    """How ``b`` differs from ``a``, column by column (``'x': int64 vs double``;
+    a column one of them lacks, ``missing``; one declared not null in one of
+    them, ``int64 not null vs nullable``), and whether a column is missing."""
+
+    def described(f: pa.Field, other: pa.Field) -> str:
+        if f.type != other.type:
+            return str(f.type)
+        return f"{f.type} {'nullable' if f.nullable else 'not null'}"
+
+    diff, missing = [], False
+    for f in b:
+        if f.name not in a.names:
+            diff.append(f"'{printable(f.name, 60)}': missing vs {f.type}")
+            missing = True
+            continue
+        g = a.field(f.name)
+        if not g.equals(f):
+            diff.append(f"'{printable(f.name, 60)}': {described(g, f)} vs {described(f, g)}")
+    for g in a:
+        if g.name not in b.names:
+            diff.append(f"'{printable(g.name, 60)}': {g.type} vs missing")
+            missing = True
+    return diff or ["the same columns in another order"], missing
 
 
 def commit_held(target: ResolvedPath, lease: Lease, manifest: Manifest) -> None:

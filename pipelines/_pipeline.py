@@ -52,7 +52,7 @@ from slicefeed.connectors import (
     write_atomic,
 )
 from slicefeed.connectors._compat import task_retry_args, task_retry_options
-from slicefeed.connectors._errors import printable
+from slicefeed.connectors._errors import printable, typed_columns
 from slicefeed.connectors._formats import FORMATS, get_format
 from slicefeed.pipelines import _rerun
 from slicefeed.pipelines._spec import (
@@ -322,11 +322,11 @@ def _type_mismatch(transform: Any, table: pa.Table, error: Exception) -> SpecErr
         where = f" from input file(s) {', '.join(repr(printable(str(f), 200)) for f in files)}"
     own = {PROVENANCE_FILE, PROVENANCE_ROW, ERROR_COLUMN, RAW_COLUMN}
     data = [f for f in table.schema if f.name not in own]
-    types = ", ".join(f"{printable(f.name, 60)}: {f.type}" for f in data[:20])
+    types = typed_columns(data)
     first = printable(str(error).splitlines()[0] if str(error) else type(error).__name__, 300)
     return SpecError(
         f"transform {transform.name!r} cannot run on a batch{where} whose columns are "
-        f"{types}{' ...' if len(data) > 20 else ''} ({first}). A column of this file has "
+        f"{types} ({first}). A column of this file has "
         "another type than in the files checked before the run; add a `cast` transform "
         "before it so every file gives the same types.")
 

@@ -241,10 +241,9 @@ def _aligned(tables: Iterator[pa.Table], ctx: ReadContext) -> Iterator[pa.Table]
             try:
                 table = table.cast(first)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
-                from slicefeed.connectors import SpecError, printable
+                from slicefeed.connectors import SpecError, typed_columns
 
-                theirs = ", ".join(f"{printable(f.name, 60)}: {f.type}" for f in table.schema)
-                ours = ", ".join(f"{printable(f.name, 60)}: {f.type}" for f in first)
+                theirs, ours = typed_columns(table.schema), typed_columns(first)
                 raise SpecError(
                     f"JaxLoader: a block the source delivered has columns {theirs} and an "
                     f"earlier one {ours}; they convert alike, but a shuffle has to put them in "

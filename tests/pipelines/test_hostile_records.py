@@ -501,6 +501,34 @@ def test_input_files_whose_types_differ_are_named_in_a_bounded_message(ray_clust
                      msg), msg
 
 
+def test_input_files_differing_by_a_column_or_by_nulls_allowed_are_told_apart(ray_cluster,
+                                                                               local_dir):
+    """A column only the first file has, and a column one Parquet file declares
+    not null, were both reported as "the same columns in another order"."""
+    put_bytes(f"{local_dir}/raw/a.csv", b"id,zip,extra\n1,10001,5\n")
+    put_bytes(f"{local_dir}/raw/b.csv", b"id,zip\n2,10002\n")
+    with pytest.raises(ValueError) as e:
+        Pipeline(_spec(local_dir, "csv", on_error="fail")).run()
+    assert re.search(r"different types \('extra': (int64 vs missing|missing vs int64)\)\. "
+                     r"Keep the columns every batch has", str(e.value)), str(e.value)
+    base = f"{local_dir}/parquet"
+    os.makedirs(f"{base}/raw")
+    required = pa.schema([pa.field("id", pa.int64()), pa.field("v", pa.int64(), nullable=False)])
+    pq.write_table(pa.table({"id": [1], "v": [7]}, schema=required), f"{base}/raw/a.parquet")
+    pq.write_table(pa.table({"id": [2], "v": [None]}, schema=pa.schema(
+        [pa.field("id", pa.int64()), pa.field("v", pa.int64())])), f"{base}/raw/b.parquet")
+    with pytest.raises(ValueError) as e:
+        Pipeline(_spec(base, "parquet", on_error="fail")).run()
+    assert re.search(r"different types \('v': int64 (not null vs int64 nullable|nullable vs "
+                     r"int64 not null)\)\. Add a `cast` transform", str(e.value)), str(e.value)
+    # The advice holds: a cast makes the column nullable in every batch.
+    spec = _spec(base, "parquet", on_error="fail",
+                 transforms=[{"cast": {"columns": {"v": "int64"}}}])
+    assert Pipeline(spec).run().rows_written == 2
+    assert sorted(read_dataset(f"{base}/out").take_all(), key=lambda r: r["id"]) == [
+        {"id": 1, "v": 7}, {"id": 2, "v": None}]
+
+
 @pytest.mark.slow
 def test_csv_quote_never_closed_fails_instead_of_swallowing_rows(ray_cluster, local_dir):
     """pyarrow reads everything after a quote that never closes as one value:
