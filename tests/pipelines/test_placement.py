@@ -19,7 +19,7 @@ _DRIVER = textwrap.dedent(
     import json, sys, time
     import numpy as np
     import ray
-    from slicefeed.pipelines import apply_placement, preprocessing_placement
+    from slicefeed.pipelines import preprocessing_placement
 
     ray.init(log_to_driver=False, logging_level="ERROR")
     ray.data.DataContext.get_current().enable_progress_bars = False
@@ -38,12 +38,9 @@ _DRIVER = textwrap.dedent(
     for mode in ("cpu_only", "any"):
         ds = ray.data.range(96, override_num_blocks=24)
         out[mode] = run(ds.map_batches(record, batch_size=4, **preprocessing_placement(mode)))
-    # Per-Dataset: the read and every map carry the selector.
-    ds = ray.data.range(96, override_num_blocks=24)
-    apply_placement(ds.context, "cpu_only")
-    out["context_cpu_only"] = run(ds.map_batches(record, batch_size=4))
     # The pipeline spec option: placement.preprocess_on applies to the whole
-    # execution (read + transforms); `record` fuses into the same tasks.
+    # execution (read + transforms) through apply_placement on the Dataset's
+    # context, so `record`, given no placement of its own, carries it too.
     from slicefeed.pipelines import Pipeline
     p = Pipeline({
         "name": "placement",
@@ -80,11 +77,10 @@ def test_map_tasks_stay_off_tpu_hosts(slice_cluster, tmp_path):
     labels = out["labels"]
     tpu_hosts = {n for n, lb in labels.items() if lb.get("ray.io/accelerator-type", "").startswith("TPU-")}
     assert len(tpu_hosts) == 7  # 4 hosts of slice-a + 3 of slice-b
-    for mode in ("cpu_only", "any", "context_cpu_only", "pipeline_cpu_only"):
+    for mode in ("cpu_only", "any", "pipeline_cpu_only"):
         assert out[mode]["ids"] == list(range(96)), mode  # nothing lost, nothing twice
     # cpu_only: every map task ran on the CPU-only worker node (the head has 0 CPUs).
     assert out["cpu_only"]["nodes"] and not set(out["cpu_only"]["nodes"]) & tpu_hosts
-    assert not set(out["context_cpu_only"]["nodes"]) & tpu_hosts
     assert out["pipeline_cpu_only"]["nodes"] and not set(out["pipeline_cpu_only"]["nodes"]) & tpu_hosts
     # any: Ray Data spread the same work onto TPU hosts as well.
     assert set(out["any"]["nodes"]) & tpu_hosts, out["any"]["nodes"]
