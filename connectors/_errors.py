@@ -101,9 +101,11 @@ def printable(text: str, limit: int = QUOTE_LIMIT) -> str:
 def typed_columns(fields: Iterable[Any], limit: int = 20) -> str:
     """``a: int64, b: string`` for a message: the first ``limit`` of an Arrow
     schema's (or any iterable of fields') columns, each name bounded by
-    :func:`printable`, then `` ... (N more)``."""
+    :func:`printable` (and each type: a struct's lists its fields), then
+    `` ... (N more)``."""
     fields = list(fields)
-    shown = ", ".join(f"{printable(f.name, 60)}: {f.type}" for f in fields[:limit])
+    shown = ", ".join(f"{printable(f.name, 60)}: {printable(str(f.type), 200)}"
+                      for f in fields[:limit])
     return shown + (f" ... ({len(fields) - limit} more)" if len(fields) > limit else "")
 
 

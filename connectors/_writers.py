@@ -199,17 +199,19 @@ def _common_schema(returns: list[dict], uri: str) -> pa.Schema | None:
 def _schema_diff(a: pa.Schema, b: pa.Schema) -> tuple[list[str], bool]:
     """How ``b`` differs from ``a``, column by column (``'x': int64 vs double``;
     a column one of them lacks, ``missing``; one declared not null in one of
-    them, ``int64 not null vs nullable``), and whether a column is missing."""
+    them, ``int64 not null vs int64 nullable``), and whether a column is
+    missing. Types are bounded like names: a struct's type lists its fields."""
 
     def described(f: pa.Field, other: pa.Field) -> str:
+        kind = printable(str(f.type), 200)
         if f.type != other.type:
-            return str(f.type)
-        return f"{f.type} {'nullable' if f.nullable else 'not null'}"
+            return kind
+        return f"{kind} {'nullable' if f.nullable else 'not null'}"
 
     diff, missing = [], False
     for f in b:
         if f.name not in a.names:
-            diff.append(f"'{printable(f.name, 60)}': missing vs {f.type}")
+            diff.append(f"'{printable(f.name, 60)}': missing vs {printable(str(f.type), 200)}")
             missing = True
             continue
         g = a.field(f.name)
@@ -217,7 +219,7 @@ def _schema_diff(a: pa.Schema, b: pa.Schema) -> tuple[list[str], bool]:
             diff.append(f"'{printable(f.name, 60)}': {described(g, f)} vs {described(f, g)}")
     for g in a:
         if g.name not in b.names:
-            diff.append(f"'{printable(g.name, 60)}': {g.type} vs missing")
+            diff.append(f"'{printable(g.name, 60)}': {printable(str(g.type), 200)} vs missing")
             missing = True
     return diff or ["the same columns in another order"], missing
 
