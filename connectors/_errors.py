@@ -109,6 +109,15 @@ def typed_columns(fields: Iterable[Any], limit: int = 20) -> str:
     return shown + (f" ... ({len(fields) - limit} more)" if len(fields) > limit else "")
 
 
+def task_error_cause(error: BaseException) -> BaseException | None:
+    """The exception a Ray task raised, from the ``ray.exceptions.RayTaskError``
+    that ``ray.get`` raises for it (its ``cause``), or None: re-raised, a
+    task's named error leads the message instead of Ray's traceback of the
+    task."""
+    cause = getattr(error, "cause", None)
+    return cause if isinstance(cause, BaseException) else None
+
+
 def short_repr(value: object, limit: int = QUOTE_LIMIT) -> str:
     """``repr(value)`` for messages: control characters escaped, at most ``limit`` chars.
 

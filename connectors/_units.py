@@ -44,7 +44,7 @@ from slicefeed.connectors._commit import (
     shard_writer,
     write_atomic,
 )
-from slicefeed.connectors._errors import AlreadyCommittedError
+from slicefeed.connectors._errors import AlreadyCommittedError, task_error_cause
 from slicefeed.connectors._fs import ResolvedPath
 from slicefeed.connectors._manifest import (
     InputFile,
@@ -299,8 +299,7 @@ def write_units(
             for u, rec in zip(todo, ray.get(refs)):
                 results[u.index] = rec
         except ray.exceptions.RayTaskError as e:
-            cause = getattr(e, "cause", None)
-            raise (cause if isinstance(cause, BaseException) else e) from None
+            raise (task_error_cause(e) or e) from None
         ordered = [results[u.index] for u in units]
         with_rows = [r for r in ordered if r.get("path")]
         schema = _common_schema(

@@ -793,6 +793,7 @@ def _ray_read_tables(ds: Any, ctx: ReadContext) -> Iterator[pa.Table]:
     import ray.exceptions
 
     from slicefeed.connectors import SlicefeedError
+    from slicefeed.connectors._errors import task_error_cause
 
     seen: set[str] = set()
     blocks = iter(ds.iter_batches(batch_size=None, batch_format="pyarrow",
@@ -805,7 +806,7 @@ def _ray_read_tables(ds: Any, ctx: ReadContext) -> Iterator[pa.Table]:
         except ray.exceptions.RayTaskError as e:
             # A read task's named error (a shard gone, replaced or corrupt) leads
             # the message instead of Ray's traceback of the task.
-            cause = getattr(e, "cause", None)
+            cause = task_error_cause(e)
             if isinstance(cause, SlicefeedError):
                 raise cause from None
             raise
