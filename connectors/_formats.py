@@ -108,6 +108,14 @@ def csv_text(data: bytes, delimiter: str, *, skip: bool = False) -> Callable[[li
     return as_text
 
 
+#: The CSV spellings of a missing value: pyarrow's defaults less its NaN
+#: spellings (``NaN``, ``nan``, ``-nan``, ``1.#QNAN``, ...). A NaN is a value,
+#: kept apart from a missing one in Arrow and Parquet, so a written ``NaN``
+#: arrives as NaN (as ``inf`` arrives as inf); a spelling pyarrow does not
+#: parse as a float (``1.#QNAN``) keeps its column as the strings written.
+CSV_NULLS = ("", "#N/A", "#N/A N/A", "#NA", "N/A", "NA", "NULL", "n/a", "null")
+
+
 def read_csv_bytes(data: bytes, delimiter: str, *, on_invalid: Callable[[Any], str] | None = None,
                    columns: list[str] | None = None) -> pa.Table:
     """CSV ``data`` (a header row, then records) read by pyarrow, the one place
@@ -115,7 +123,8 @@ def read_csv_bytes(data: bytes, delimiter: str, *, on_invalid: Callable[[Any], s
     column holding a number not written as it prints (``02139``,
     ``+15551234567``) is kept as the strings written
     (:func:`~slicefeed.connectors._values.numbers_as_written`; ``columns``: the
-    columns to look at, default all). ``on_invalid``: pyarrow's
+    columns to look at, default all). Missing values are the :data:`CSV_NULLS`
+    spellings; a written NaN is NaN. ``on_invalid``: pyarrow's
     ``invalid_row_handler`` for records with the wrong number of fields (the
     read is then single-threaded, so its line numbers are known).
 
@@ -130,7 +139,8 @@ def read_csv_bytes(data: bytes, delimiter: str, *, on_invalid: Callable[[Any], s
     table = pacsv.read_csv(
         io.BytesIO(data),
         parse_options=pacsv.ParseOptions(delimiter=delimiter, invalid_row_handler=on_invalid),
-        read_options=pacsv.ReadOptions(use_threads=on_invalid is None))
+        read_options=pacsv.ReadOptions(use_threads=on_invalid is None),
+        convert_options=pacsv.ConvertOptions(null_values=CSV_NULLS))
     try:
         table.schema.names  # noqa: B018 - decodes the header's names
     except UnicodeDecodeError:

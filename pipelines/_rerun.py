@@ -28,7 +28,9 @@ from typing import Any
 #: recompute instead of reporting "nothing to do".
 #: 2: fixed-shape outputs are ``arrow.fixed_shape_tensor`` columns (were
 #: ``fixed_size_list``); ``pad_or_truncate``'s mask is uint8 (was bool).
-OUTPUT_FORMAT_VERSION = 2
+#: 3: CSV: a written NaN is NaN (was null); a hexadecimal number (``0x1F``)
+#: arrives as the strings written (was an integer).
+OUTPUT_FORMAT_VERSION = 3
 
 #: Manifest metadata key holding the fingerprint's parts (for "what changed").
 PARTS_KEY = "fingerprint_parts"

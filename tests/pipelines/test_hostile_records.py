@@ -248,6 +248,30 @@ def test_csv_numbers_written_with_leading_zeros_or_a_sign_arrive_as_written(ray_
     assert re.search(r"zip: string", out.stdout), out.stdout
 
 
+def test_csv_nan_written_as_such_arrives_as_nan_not_null(ray_cluster, local_dir):
+    """pyarrow's CSV reader counts ``NaN``, ``nan`` and ``-nan`` among its null
+    spellings, so a float column's written NaN (a value, kept apart from a
+    missing one in Arrow and Parquet) committed as null with the run green,
+    while ``inf`` stayed inf. A NaN arrives as NaN (its sign kept); the
+    missing-value spellings (empty, ``NA``, ``null``) stay null. The same holds
+    on the bad-record path."""
+    import numpy as np
+
+    body = "id,x\n1,NaN\n2,nan\n3,-nan\n4,1.5\n5,\n6,NA\n7,null\n8,inf\n"
+    for on_error, extra in (("fail", ""), ("quarantine", "9,oops,1\n")):
+        put_bytes(f"{local_dir}/raw/a.csv", (body + extra).encode())
+        Pipeline(_spec(local_dir, "csv", on_error=on_error, max_error_fraction=0.5)).run(
+            overwrite=True)
+        got = _committed_table(f"{local_dir}/out").sort_by("id")
+        x = got.column("x")
+        assert x.type == pa.float64(), on_error
+        assert x.null_count == 3, (on_error, x.to_pylist())
+        values = x.to_numpy(zero_copy_only=False)
+        assert np.isnan(values[:3]).all() and values[3] == 1.5 and values[7] == np.inf
+        assert list(np.signbit(values[:3])) == [False, False, True]
+        assert x.is_null().to_pylist() == [False] * 4 + [True] * 3 + [False]
+
+
 @pytest.mark.slow
 def test_transform_meeting_a_later_files_type_names_file_and_columns(ray_cluster, local_dir):
     """`validate` types a CSV column from the first file; a later file whose
