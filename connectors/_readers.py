@@ -54,6 +54,12 @@ from slicefeed.connectors._fs import (
     resolve_filesystem,
 )
 from slicefeed.connectors._names import ERROR_COLUMN, PROVENANCE_FILE, PROVENANCE_ROW, RAW_COLUMN
+from slicefeed.connectors._parquet import (
+    int96_columns,
+    int96_lost,
+    open_parquet,
+    open_parquet_ns,
+)
 from slicefeed.connectors._watch import watching
 
 #: Column names slicefeed adds to rows; input that has them is refused (it
@@ -197,6 +203,10 @@ class _SlicefeedFileDatasource(FileBasedDatasource):
         return table
 
 
+#: Rows per record batch a Parquet file is read in.
+_PARQUET_BATCH = 65536
+
+
 class ParquetFilesDatasource(_SlicefeedFileDatasource):
     """Parquet files, one read per file, streaming record batches."""
 
@@ -207,10 +217,9 @@ class ParquetFilesDatasource(_SlicefeedFileDatasource):
         return filesystem.open_input_file(path)
 
     def _read_file(self, f: pa.NativeFile, path: str) -> Iterator[pa.Table]:
-        import pyarrow.parquet as pq
-
         try:
-            pf = pq.ParquetFile(f)
+            pf = open_parquet(f)
+            int96 = int96_columns(f, pf)
         except (pa.ArrowInvalid, OSError) as e:
             if self._mark_errors:
                 # Row count unknown (the footer holds it): one record with a
@@ -232,9 +241,17 @@ class ParquetFilesDatasource(_SlicefeedFileDatasource):
                     "source options."
                 )
         row = 0
+        batches = pf.iter_batches(columns=self._columns, batch_size=_PARQUET_BATCH)
+        int96 = [c for c in int96 if self._columns is None or c in self._columns]
         try:
-            for batch in pf.iter_batches(columns=self._columns, batch_size=65536):
+            # INT96 columns are read again at nanoseconds, batch for batch, to
+            # find a value microseconds would drop (see connectors._parquet).
+            at_ns = (open_parquet_ns(f, pf).iter_batches(columns=int96, batch_size=_PARQUET_BATCH)
+                     if int96 else None)
+            for batch in batches:
                 table = pa.Table.from_batches([batch])
+                if at_ns is not None:
+                    self._check_int96(table, next(at_ns), int96, path, row)
                 yield self._finish(table, path, row)
                 row += table.num_rows
         except (pa.ArrowInvalid, OSError) as e:
@@ -250,6 +267,21 @@ class ParquetFilesDatasource(_SlicefeedFileDatasource):
                 f"{self._uri(path)}: Parquet data after row {row} cannot be decoded ({e}). "
                 "Replace or remove the file and rerun."
             ) from None
+
+
+    def _check_int96(self, table: pa.Table, at_ns: pa.RecordBatch, names: list[str],
+                     path: str, first_row: int) -> None:
+        for name in names:
+            lost = int96_lost(table.column(name), at_ns.column(name))
+            if lost is not None:
+                where = (f"row {first_row + lost}" if pa.types.is_timestamp(at_ns.schema.field(name).type)
+                         else f"a value in rows {first_row}-{first_row + table.num_rows - 1}")
+                raise BadRecordError(
+                    f"{self._uri(path)}: column {printable(name, 200)!r}, {where}: an INT96 "
+                    "timestamp with nanoseconds. slicefeed reads INT96 at microseconds (Spark's "
+                    "precision, whose range holds every date; nanoseconds end in 2262), which "
+                    "would drop them. Write the column as an INT64 timestamp (pyarrow's default; "
+                    "Spark: spark.sql.parquet.outputTimestampType=TIMESTAMP_MICROS) and rerun.")
 
 
 class JsonlDatasource(_SlicefeedFileDatasource):
@@ -997,11 +1029,9 @@ def _peek_one(
     """The schema of one file (see :func:`peek_schema`)."""
     shown = source.to_uri(first)
     if fmt.parse is None:  # Parquet: the footer has the schema
-        import pyarrow.parquet as pq
-
         try:
             with source.fs.open(first, "rb") as f:
-                return pq.ParquetFile(f).schema_arrow
+                return open_parquet(f).schema_arrow
         except (pa.ArrowInvalid, OSError) as e:
             raise CorruptFileError(
                 f"{shown} is not a readable Parquet file ({e}). Replace or remove the file and rerun."

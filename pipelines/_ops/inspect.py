@@ -82,10 +82,10 @@ def inspect_uri(uri: str, *, fmt: str = "auto", options: dict[str, Any] | None =
 
 def _describe(fmt: FileFormat, resolved: Any, path: str, options: dict[str, Any] | None) -> tuple[pa.Schema, int]:
     if fmt.parse is None:  # Parquet: schema and rows from the footer
-        import pyarrow.parquet as pq
+        from slicefeed.connectors._parquet import open_parquet
 
         with resolved.fs.open(path, "rb") as f:
-            pf = pq.ParquetFile(f)
+            pf = open_parquet(f)
             return pf.schema_arrow, pf.metadata.num_rows
     with resolved.fs.open(path, "rb", compression="infer") as f:
         data = f.read()

@@ -89,6 +89,44 @@ def test_unreadable_parquet_file_exceeds_any_budget(ray_cluster, local_dir):
     assert not is_committed(f"{local_dir}/out")
 
 
+def test_parquet_int96_timestamps_arrive_as_written(ray_cluster, local_dir):
+    """Spark, Hive and Impala write timestamps as Parquet INT96; pyarrow reads
+    them at nanoseconds, whose range ends in 2262, so the warehouse sentinel
+    9999-12-31 arrived as 1816-03-29 05:56:08 with the run green. INT96 is
+    read at microseconds (Spark's precision): every value arrives as written.
+    A file whose INT96 values hold nanoseconds, which microseconds would drop,
+    is refused naming the file and column. `validate` shows the same type."""
+    import datetime
+
+    ts = [datetime.datetime(9999, 12, 31), datetime.datetime(2020, 1, 1, 0, 0, 0, 123456),
+          datetime.datetime(1, 1, 1), None]
+    buf = pa.BufferOutputStream()
+    pq.write_table(pa.table({"id": [1, 2, 3, 4], "ts": pa.array(ts, pa.timestamp("us")),
+                             "nested": pa.array([[t] for t in ts], pa.list_(pa.timestamp("us")))}),
+                   buf, use_deprecated_int96_timestamps=True)
+    put_bytes(f"{local_dir}/raw/a.parquet", buf.getvalue().to_pybytes())
+    Pipeline(_spec(local_dir, "parquet", on_error="fail")).run()
+    got = _committed_table(f"{local_dir}/out")
+    assert got.schema.field("ts").type == pa.timestamp("us")
+    assert got.column("ts").to_pylist() == ts
+    assert got.column("nested").to_pylist() == [[t] for t in ts]
+    with open(f"{local_dir}/spec.json", "w") as f:
+        json.dump(_spec(local_dir, "parquet", on_error="fail"), f)
+    out = _slicefeed("validate", f"{local_dir}/spec.json")
+    assert out.returncode == 0, out.stderr
+    assert "ts: timestamp[us]" in out.stdout, out.stdout
+
+    buf = pa.BufferOutputStream()
+    pq.write_table(pa.table({"id": [5, 6], "at": pa.array([1_000, 1_577_836_800_000_000_001],
+                                                           pa.timestamp("ns"))}),
+                   buf, use_deprecated_int96_timestamps=True)
+    put_bytes(f"{local_dir}/raw/b.parquet", buf.getvalue().to_pybytes())
+    with pytest.raises(Exception, match=r"b\.parquet.*'at'.*row 1.*nanoseconds") as e:
+        Pipeline(_spec(local_dir, "parquet", on_error="skip", max_error_fraction=1.0)).run(
+            overwrite=True)
+    assert "1577836800000000001" not in str(e.value)
+
+
 # -- reserved column names -------------------------------------------------------
 
 
