@@ -30,7 +30,8 @@ from typing import Any
 #: ``fixed_size_list``); ``pad_or_truncate``'s mask is uint8 (was bool).
 #: 3: CSV: a written NaN is NaN (was null); a hexadecimal number (``0x1F``)
 #: arrives as the strings written (was an integer). Parquet: INT96 timestamps
-#: are microseconds (were nanoseconds, wrapping past 2262).
+#: are microseconds (were nanoseconds, wrapping past 2262). ``filter``: ``/``
+#: divides to float64 (integers were truncated).
 OUTPUT_FORMAT_VERSION = 3
 
 #: Manifest metadata key holding the fingerprint's parts (for "what changed").

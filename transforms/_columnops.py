@@ -217,8 +217,9 @@ class Filter(Transform):
 
     ``expr`` uses a small safe language compiled to an Arrow expression, never
     ``eval``: column names (``col("name with spaces")`` for odd names),
-    literals, comparisons, ``in [..]``, ``and``/``or``/``not``, ``+ - * /``,
-    ``is_null(col)`` / ``is_valid(col)``. Example: ``"age >= 18 and country in ['DE', 'FR']"``.
+    literals, comparisons, ``in [..]``, ``and``/``or``/``not``, ``+ - * /``
+    (``/`` divides as Python does, to float64), ``is_null(col)`` /
+    ``is_valid(col)``. Example: ``"age >= 18 and country in ['DE', 'FR']"``.
     Rows already marked bad are kept so the pipeline can count them.
 
     Args:
@@ -231,11 +232,11 @@ class Filter(Transform):
     def __post_init__(self) -> None:
         compile_expression(self.expr, label=self._label())
 
-    def _compiled(self) -> tuple[pc.Expression, list[str]]:
-        return compile_expression(self.expr, label=self._label())
+    def _compiled(self, schema: pa.Schema) -> tuple[pc.Expression, list[str]]:
+        return compile_expression(self.expr, label=self._label(), schema=schema)
 
     def output_schema(self, schema: pa.Schema) -> pa.Schema:
-        expression, cols = self._compiled()
+        expression, cols = self._compiled(schema)
         for c in cols:
             self._require(schema, c, arg="expr")
         try:
@@ -251,7 +252,7 @@ class Filter(Transform):
         return schema
 
     def __call__(self, table: pa.Table) -> pa.Table:
-        expression, _ = self._compiled()
+        expression, _ = self._compiled(table.schema)
         if ERROR_COLUMN in table.column_names:
             expression = expression | pc.field(ERROR_COLUMN).is_valid()
         try:

@@ -11,6 +11,14 @@ node types is translated; nothing is ever evaluated by Python. Grammar::
             | (expr)
     literal:= int | float | "string" | True | False
 
+``/`` divides as Python does: a float64 result, also for integers (a zero
+divisor marks the row bad). A comparison of an integer column with a float
+is made in float64, as NumPy makes it, and an unsigned column is compared with
+a non-negative literal as unsigned, so values beyond 2**53 (or 2**63) compare
+instead of failing Arrow's exact conversion. A bare column name means the name
+as written: Python's parser folds identifiers to NFKC (the ligature ``\ufb01`` to
+``fi``), which would name another column.
+
 Size is bounded before anything is built (a 10,000-term ``or`` chain
 overflows Arrow's expression simplifier; 3,000 nested ``not`` overflow
 Python's stack): at most :data:`MAX_EXPR_CHARS` characters,
@@ -57,16 +65,82 @@ _ARITH = {
     ast.Add: lambda a, b: a + b,
     ast.Sub: lambda a, b: a - b,
     ast.Mult: lambda a, b: a * b,
-    ast.Div: lambda a, b: pc.divide(a, b),
+    ast.Div: lambda a, b: pc.divide_checked(_as_float(a), _as_float(b)),
 }
+
+
+def _as_float(v: Any) -> Any:
+    """``v`` (an expression, array or Python number) as float64, for ``/``."""
+    import pyarrow as pa
+
+    if isinstance(v, (int, float)):
+        return float(v)
+    return v.cast(pa.float64(), safe=False)
+
+
+def _coerced(left: Any, ltype: Any, right: Any, rtype: Any) -> tuple[Any, Any]:
+    """The two sides of a comparison, made comparable where Arrow's implicit
+    conversion would refuse values: an integer column against a float (literal
+    or column) in float64; an unsigned 64-bit column against a non-negative
+    integer literal as unsigned (against a negative one, in float64); int64
+    against uint64 in float64. ``ltype``/``rtype``: the Arrow type of a column
+    side, ``int``/``float`` for a literal, None when unknown (arithmetic)."""
+    import pyarrow as pa
+
+    def is_int(t: Any) -> bool:
+        return isinstance(t, pa.DataType) and pa.types.is_integer(t)
+
+    def is_float(t: Any) -> bool:
+        return t is float or (isinstance(t, pa.DataType) and pa.types.is_floating(t))
+
+    def f64(v: Any) -> Any:
+        return v.cast(pa.float64(), safe=False)
+
+    for a, at, b, bt, swap in ((left, ltype, right, rtype, False), (right, rtype, left, ltype, True)):
+        if is_int(at) and is_float(bt):
+            a = f64(a)
+        elif at == pa.uint64() and bt is int:
+            if b >= 0:
+                b = pa.scalar(b, pa.uint64())
+            else:
+                a = f64(a)
+        elif at == pa.uint64() and is_int(bt) and bt != pa.uint64() and pa.types.is_signed_integer(bt):
+            a, b = f64(a), f64(b)
+        else:
+            continue
+        return (b, a) if swap else (a, b)
+    return left, right
 _FUNCS = {"is_null": pc.Expression.is_null, "is_valid": pc.Expression.is_valid}
 
 
 class _Compiler:
-    def __init__(self, text: str, label: str):
+    def __init__(self, text: str, label: str, schema: Any = None):
         self.text = text
         self.label = label
+        self.schema = schema
         self.columns: list[str] = []
+
+    def name(self, node: ast.Name) -> str:
+        """The column a bare name means: as written, not as Python folded it."""
+        return ast.get_source_segment(self.text.strip(), node) or node.id
+
+    def type_of(self, node: ast.AST) -> Any:
+        """The Arrow type of a column operand, ``int``/``float`` of a number
+        literal, else None."""
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+            inner = self.type_of(node.operand)
+            return inner if inner in (int, float) else None
+        if isinstance(node, ast.Constant) and not isinstance(node.value, bool):
+            return type(node.value) if isinstance(node.value, (int, float)) else None
+        name = None
+        if isinstance(node, ast.Name):
+            name = self.name(node)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "col"
+              and len(node.args) == 1 and isinstance(node.args[0], ast.Constant)):
+            name = node.args[0].value
+        if name is None or self.schema is None or name not in self.schema.names:
+            return None
+        return self.schema.field(name).type
 
     def fail(self, node: ast.AST | None, what: str) -> SpecError:
         where = f" at offset {node.col_offset}" if node is not None and hasattr(node, "col_offset") else ""
@@ -112,7 +186,7 @@ class _Compiler:
                 return self.expr(node.operand)
             raise self.fail(node, f"operator {type(node.op).__name__}")
         if isinstance(node, ast.Compare):
-            left = self.expr(node.left)
+            left, left_node = self.expr(node.left), node.left
             out = None
             for op, right_node in zip(node.ops, node.comparators):
                 if isinstance(op, (ast.In, ast.NotIn)):
@@ -130,18 +204,19 @@ class _Compiler:
                             right_node, "comparison with None (use is_null(col) / is_valid(col))"
                         )
                     right = self.expr(right_node)
-                    term = _CMP[type(op)](_as_expr(left), right)
+                    a, b = _coerced(left, self.type_of(left_node), right, self.type_of(right_node))
+                    term = _CMP[type(op)](_as_expr(a), _as_expr(b))
                 else:
                     raise self.fail(node, f"comparison {type(op).__name__}")
                 out = term if out is None else (out & term)
-                left = right
+                left, left_node = right, right_node
             return out
         if isinstance(node, ast.BinOp):
             if type(node.op) not in _ARITH:
                 raise self.fail(node, f"operator {type(node.op).__name__}")
             return _ARITH[type(node.op)](_as_expr(self.expr(node.left)), self.expr(node.right))
         if isinstance(node, ast.Name):
-            return self.column(node.id)
+            return self.column(self.name(node))
         if isinstance(node, ast.Constant):
             if node.value is None:
                 raise self.fail(node, "None (use is_null(col) / is_valid(col))")
@@ -203,8 +278,10 @@ def _as_expr(v: Any) -> pc.Expression:
     return v if isinstance(v, pc.Expression) else pc.scalar(v)
 
 
-def compile_expression(text: str, *, label: str = "Filter") -> tuple[pc.Expression, list[str]]:
-    """Compiles ``text`` to an Arrow expression.
+def compile_expression(text: str, *, label: str = "Filter",
+                       schema: Any = None) -> tuple[pc.Expression, list[str]]:
+    """Compiles ``text`` to an Arrow expression (for the columns of ``schema``,
+    when given: comparisons are then made comparable, see :func:`_coerced`).
 
     Returns:
         ``(expression, referenced column names)``.
@@ -232,7 +309,7 @@ def compile_expression(text: str, *, label: str = "Filter") -> tuple[pc.Expressi
             "several filter steps"
         ) from None
     _check_size(tree, text, label)
-    c = _Compiler(text, label)
+    c = _Compiler(text, label, schema)
     try:
         out = c.expr(tree.body)
         return _as_expr(out), c.columns
@@ -311,7 +388,9 @@ class _RowErrors:
         import numpy as np
         import pyarrow as pa
 
-        name = "divide" if op is ast.Div else _CHECKED[op]
+        name = "divide_checked" if op is ast.Div else _CHECKED[op]
+        if op is ast.Div:
+            a, b = _as_float(a), _as_float(b)
         if not isinstance(a, (pa.Array, pa.ChunkedArray)) and not isinstance(b, (pa.Array, pa.ChunkedArray)):
             try:  # literals only: fails for every row or none
                 return pc.call_function(name, [pa.scalar(a), pa.scalar(b)]).as_py()
@@ -392,14 +471,15 @@ class _RowErrors:
                     right = None
                 else:
                     right = self.eval(right_node)
-                    term = pc.call_function(_CMP_FN[type(op)], [left, right])
+                    term = pc.call_function(_CMP_FN[type(op)], list(_coerced(
+                        left, _type(left), right, _type(right))))
                 out = term if out is None else pc.and_kleene(out, term)
                 left = right
             return out
         if isinstance(node, ast.BinOp):
             return self._arith(type(node.op), self.eval(node.left), self.eval(node.right))
         if isinstance(node, ast.Name):
-            return self.table.column(node.id)
+            return self.table.column(c.name(node))
         if isinstance(node, ast.Constant):
             return node.value
         if isinstance(node, ast.Call):
@@ -410,6 +490,15 @@ class _RowErrors:
             v = self.eval(arg)
             return pc.is_null(v) if fname == "is_null" else pc.is_valid(v)
         raise c.fail(node, type(node).__name__)
+
+
+def _type(v: Any) -> Any:
+    """An evaluated operand's type for :func:`_coerced`."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, (int, float)):
+        return type(v)
+    return getattr(v, "type", None)
 
 
 def _value_set(values: list[Any]) -> Any:

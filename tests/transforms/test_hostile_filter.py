@@ -63,7 +63,55 @@ def test_failing_rows_are_exactly_the_bad_ones():
         over = abs(int(m[i]) * 4) > 2**63 - 1
         if div0 or over:
             want_bad.append(i)
-        elif (i // d[i] > 10 and m[i] * 4 > 0) or i < 3:
+        elif (i / d[i] > 10 and m[i] * 4 > 0) or i < 3:
             want_keep.append(i)
     assert sorted(bad["a"].to_pylist()) == want_bad
     assert good["a"].to_pylist() == want_keep
+
+
+def test_division_is_true_division_as_in_python():
+    """``/`` was Arrow's ``divide``: integers divided with truncation, so
+    ``x / 2 > 2`` dropped 5, and ``-2**63 / -1`` wrapped to 0 and dropped the
+    row, with no error. It divides as Python does (a float64 result); a zero
+    divisor marks the row bad for floats as for integers."""
+    t = pa.table({"x": pa.array([5, 4, 3], pa.int64())})
+    assert Filter(expr="x / 2 > 2")(t)["x"].to_pylist() == [5]
+    for typ, low in ((pa.int64(), -2**63), (pa.int8(), -128)):
+        t = pa.table({"a": pa.array([low, 7], typ)})
+        good, bad = split_errors(Filter(expr="a / -1 > 0")(t))
+        assert good["a"].to_pylist() == [low] and bad.num_rows == 0, typ
+    t = pa.table({"v": pa.array([1.0, 2.0, 3.0]), "d": pa.array([1.0, 0.0, 2.0])})
+    good, bad = split_errors(Filter(expr="v / d > 1")(t))
+    assert good["v"].to_pylist() == [3.0] and bad["v"].to_pylist() == [2.0]
+
+
+def test_integers_beyond_float_precision_compare_with_floats_and_unsigned():
+    """An int64 column holding a value beyond 2**53 met a float, or a uint64
+    column a value above 2**63 met an integer literal: pyarrow raised its own
+    ArrowInvalid from the filter. Such comparisons are made as NumPy makes
+    them (the integer as float64 against a float; an unsigned column against a
+    non-negative literal as unsigned)."""
+    t = pa.table({"id": pa.array([1, 2**60], pa.int64())})
+    assert Filter(expr="id > 0.5")(t)["id"].to_pylist() == [1, 2**60]
+    assert Filter(expr="id > 1.5")(t)["id"].to_pylist() == [2**60]
+    t = pa.table({"a": pa.array([2**60 + 1, 3], pa.int64()), "b": pa.array([1.0, 3.0])})
+    assert Filter(expr="a == b")(t)["a"].to_pylist() == [3]
+    t = pa.table({"x": pa.array([2**63 + 1, 5, 0], pa.uint64())})
+    assert Filter(expr="x > 0")(t)["x"].to_pylist() == [2**63 + 1, 5]
+    assert Filter(expr="x > 9223372036854775807")(t)["x"].to_pylist() == [2**63 + 1]
+    assert Filter(expr="x >= -1")(t)["x"].to_pylist() == [2**63 + 1, 5, 0]
+    assert Filter(expr="x in [5, 7]")(t)["x"].to_pylist() == [5]
+
+
+def test_bare_column_names_are_matched_as_written():
+    """Python's parser NFKC-normalises identifiers, so ``\ufb01 == 1`` (the
+    ligature) filtered on another column named ``fi``, and ``latency_\u00b5s``
+    (micro sign) was refused as ``latency_\u03bcs`` (Greek mu)."""
+    t = pa.table({"\ufb01": [1, 2], "fi": [3, 4]})
+    f = Filter(expr="\ufb01 == 1")
+    f.output_schema(t.schema)
+    assert f(t).to_pylist() == [{"\ufb01": 1, "fi": 3}]
+    t = pa.table({"latency_\u00b5s": [5, 50]})
+    f = Filter(expr="latency_\u00b5s > 10")
+    f.output_schema(t.schema)
+    assert f(t)["latency_\u00b5s"].to_pylist() == [50]
