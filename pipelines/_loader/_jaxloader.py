@@ -93,10 +93,11 @@ class JaxLoader:
         prefetch: Batches kept on device ahead of the consumer.
         ray_prefetch_batches: Ray Data's own host-side prefetch.
         state: A ``state_dict()`` to resume from.
-        sync_timeout_s: Timeout of the multi-host key-value exchange. With row
-            counts unknown, the hosts agree on groups of up to 16 steps per
-            exchange; each host then holds up to that many local batches read
-            ahead and converted (at most about 32 MB of them). Every host takes
+        sync_timeout_s: Timeout of the multi-host key-value exchange. The
+            hosts agree on groups of up to 16 steps per exchange (also when
+            every host knows the steps, so that a conversion error ends every
+            host after the same steps); each host then holds up to that many
+            local batches read ahead and converted (at most about 32 MB of them). Every host takes
             the same steps: a host whose source fails publishes its error
             before its next exchange, and the other hosts raise a
             ``RuntimeError`` naming it there; a host that stops reporting makes

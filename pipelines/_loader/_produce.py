@@ -144,30 +144,32 @@ class Producer:
                 plan = self.resumed[1]
                 ctx = dataclasses.replace(ctx, spans=plan.spans)
                 steps, share = plan.steps, plan.share
-            if steps is not None:
-                ahead, self._next_tables = self._next_tables, None
-                if ahead is not None and ahead[0] == epoch and start == 0:
-                    tables = ahead[1]
+            # A read or conversion error is published before it is raised, under
+            # the tag of the exchange this host was about to make (see _agreed_epoch).
+            self.next_tag = f"e{epoch}/s{start}"
+            try:
+                if steps is not None:
+                    ahead, self._next_tables = self._next_tables, None
+                    if ahead is not None and ahead[0] == epoch and start == 0:
+                        tables = ahead[1]
+                    else:
+                        if ahead is not None:
+                            ahead[1].close()
+                        tables = self.source.tables(epoch, start * self.lb,
+                                                    self._reading(ctx, epoch))
                 else:
-                    if ahead is not None:
-                        ahead[1].close()
-                    tables = self.source.tables(epoch, start * self.lb, self._reading(ctx, epoch))
-            else:
-                self.next_tag = f"e{epoch}/s{start}"
-                try:
                     tables = self.source.tables(epoch, start * self.lb, ctx)
-                except Exception as e:
-                    self._publish(e)
-                    raise
+            except Exception as e:
+                self._publish(e)
+                raise
             try:
                 if steps is not None:
                     yield from self._known_epoch(tables, epoch, start, ctx, steps, share)
                 else:
-                    try:
-                        yield from self._agreed_epoch(tables, epoch, start)
-                    except Exception as e:
-                        self._publish(e)
-                        raise
+                    yield from self._agreed_epoch(tables, epoch, start)
+            except Exception as e:
+                self._publish(e)
+                raise
             finally:
                 close = getattr(tables, "close", None)
                 if close is not None:
@@ -258,22 +260,65 @@ class Producer:
 
     def _known_epoch(self, tables, epoch: int, start: int, ctx: ReadContext, steps: int,
                      local_share: int | None):
+        """The ``steps`` steps of an epoch every host knows up front.
+
+        On several hosts the steps are still agreed in rounds, as in
+        :meth:`_agreed_epoch`: a value one host cannot convert (out of range
+        for ``dtypes=``, a null) or a read that fails is found only when its
+        batch is converted, so each round's batches are read and converted
+        before the round's exchange, and the failing host publishes its error
+        under that round's tag instead of reporting it. The other hosts then
+        raise naming it, after the same steps, instead of taking steps it will
+        not take. The exchange carries no count (every host knows the steps);
+        rounds grow from 1 to ``group_max`` steps, the same on every host. On
+        one host there is no exchange and nothing is held ahead.
+        """
         lb = self.lb
         step = start
-        for table in tables:
-            if step >= steps or self.ctx.stop.is_set():
-                break
-            if table.num_rows < lb and self.remainder == "drop":
-                break  # dropped: never converted
-            batch, n = self._convert(table, epoch, step * lb, ctx)
-            yield self._emit(batch, epoch, step, n)
-            step += 1
-        if self.remainder == "drop" and local_share is not None:
-            # Rows of this host's share beyond the agreed steps (counted, not delivered).
-            self.stats.add(dropped_rows=max(local_share - steps * lb, 0))
+        it = iter(tables)
+        data = True  # this host may have another full batch (or, for "pad", any)
+        agree = self.agreement.process_count > 1
+        group, sent = 1, []
+
+        def ended() -> None:
+            if self.remainder == "drop" and local_share is not None:
+                # Rows of this host's share beyond the agreed steps (counted, not delivered).
+                self.stats.add(dropped_rows=max(local_share - steps * lb, 0))
+
         while step < steps and not self.ctx.stop.is_set():
-            yield self._emit(self._filler(), epoch, step, 0)
-            step += 1
+            n = min(group if agree else 1, steps - step)
+            tag = self.next_tag = f"e{epoch}/s{step}"
+            held: list[tuple[dict, int] | None] = []  # None: a fully masked step
+            for i in range(n):
+                table = next(it, None) if data else None
+                if table is None or (table.num_rows < lb and self.remainder == "drop"):
+                    if data:
+                        data = False  # a partial batch "drop" drops is never converted
+                        ended()
+                    held.append(None)
+                else:
+                    held.append((self._host(table, epoch, (step + i) * lb, ctx), table.num_rows))
+            if self.ctx.stop.is_set():
+                return
+            if agree:
+                self.agreement.exchange(tag, "ok", self.ctx.stop)
+                self.stats.add(agreements=1)
+                sent.append(tag)
+                if len(sent) > 2:  # every host has decided it: each has set a later key
+                    self.agreement.forget(sent.pop(0))
+                group = min(2 * group, self.group_max)
+            # A failure while delivering this round's steps is published under the next.
+            self.next_tag = f"e{epoch}/s{step + n}" if step + n < steps else f"e{epoch + 1}/s0"
+            for item in held:
+                if self.ctx.stop.is_set():
+                    return
+                if item is None:
+                    yield self._emit(self._filler(), epoch, step, 0)
+                else:
+                    yield self._emit(self.placement.to_global(item[0]), epoch, step, item[1])
+                step += 1
+        if data:
+            ended()
 
     def _agreed_epoch(self, tables, epoch: int, start: int):
         """Equal steps when row counts are unknown, agreed per group of steps.

@@ -6,7 +6,8 @@ argv[1]: JSON {"coordinator", "process_id", "num_processes", "address" (Ray GCS)
 Writes a JSON report to ``out``: for each case, per epoch, the ids this host
 delivered (mask applied), steps, stats, and the jitted global sums; then, to
 ``out + ".error.json"``, the steps and error of a loader whose source fails on host 0
-("fail") and of one that host 1 creates only after host 0 gave up waiting ("late").
+("fail"), of one whose conversion fails on host 1 ("convert") and of one that host 1
+creates only after host 0 gave up waiting ("late").
 """
 
 import faulthandler
@@ -157,6 +158,13 @@ def main():
     run_until_error("fail", lambda: JaxLoader(
         blocks.map_batches(fail_on_host0, batch_size=32, batch_format="pyarrow"),
         global_batch_size=16, remainder="pad", host_local=True, sync_timeout_s=60))
+
+    # A conversion error on host 1 only (ids past int8 lie in its share of the
+    # committed dataset, whose steps every host knows up front): both hosts end
+    # after the same steps, host 0 naming host 1 and its error.
+    run_until_error("convert", lambda: JaxLoader(
+        cfg["uri"], global_batch_size=16, dtypes={"id": "int8"}, remainder="pad",
+        sync_timeout_s=60))
 
     # A late host: host 1 creates its loader only once host 0 has given up waiting
     # for it. Host 0's report of the first step is still in the store; host 1 must
