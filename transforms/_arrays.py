@@ -73,6 +73,42 @@ def list_parts(arr: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray,
     return values, offsets, valid
 
 
+def leaf_rows(arr: pa.Array | pa.ChunkedArray) -> tuple[pa.Array, np.ndarray]:
+    """``(leaves, row)``: the values of a (nested) list or tensor column's valid
+    rows, flattened in row order, and the row of ``arr`` each one belongs to.
+
+    Honours the slice offset; values a null row's slots or offsets still cover
+    belong to no row and are left out. A column that is no list is its own
+    leaves (``row`` is ``arange``).
+    """
+    arr = tensor_storage(arr)
+    row = np.arange(len(arr), dtype=np.int64)
+    while list_like(arr.type):
+        arr = tensor_storage(arr)
+        n = len(arr)
+        if pa.types.is_fixed_size_list(arr.type):
+            size = arr.type.list_size
+            child = _fsl_values(arr)
+            lengths = np.full(n, size, dtype=np.int64)
+        else:
+            offsets = arr.offsets.to_numpy().astype(np.int64)
+            child = arr.values.slice(offsets[0], offsets[-1] - offsets[0])
+            lengths = np.diff(offsets)
+        parent = np.repeat(np.arange(n, dtype=np.int64), lengths)
+        if arr.null_count:
+            keep = np.repeat(arr.is_valid().to_numpy(zero_copy_only=False), lengths)
+            child, parent = child.filter(pa.array(keep)), parent[keep]
+        arr, row = child, row[parent]
+    return arr, row
+
+
+def rows_of(leaf_mask: np.ndarray, row: np.ndarray, n: int) -> np.ndarray:
+    """Boolean mask of the ``n`` rows holding a leaf where ``leaf_mask`` (see :func:`leaf_rows`)."""
+    bad = np.zeros(n, dtype=bool)
+    bad[row[np.asarray(leaf_mask, dtype=bool)]] = True
+    return bad
+
+
 def is_tensor(t: pa.DataType) -> bool:
     """Whether ``t`` is Arrow's canonical ``fixed_shape_tensor`` extension type,
     stored row-major (a tensor with a dimension permutation is not: reading its
@@ -196,7 +232,15 @@ def failing_rows(arr: pa.Array, fn) -> np.ndarray:
 
     ``fn`` is applied to halves recursively, so k bad rows out of n cost
     O(k log n) calls instead of n.
+
+    ``arr`` must not be a list or tensor column: Arrow's kernels on a slice of
+    one (a cast) touch child values outside the slice (all of them for a
+    fixed-size list), so a slice would fail for another row's value. Bisect
+    the column's :func:`leaf_rows` instead and map the failing leaves to their
+    rows (:func:`rows_of`).
     """
+    if list_like(arr.type):
+        raise TypeError(f"failing_rows needs a column without child values; got {arr.type}")
     bad = np.zeros(len(arr), dtype=bool)
     stack = [(0, len(arr))]
     while stack:

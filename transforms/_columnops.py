@@ -15,7 +15,9 @@ from slicefeed.transforms._arrays import (
     failing_rows,
     fixed_values,
     is_tensor,
+    leaf_rows,
     list_like,
+    rows_of,
     tensor_storage,
     with_value_type,
 )
@@ -108,7 +110,8 @@ class Cast(Transform):
 
     A value that cannot be cast (``"abc"`` to ``int32``, ``300`` to ``uint8``)
     marks its row bad instead of failing the batch. A list column cast to a
-    scalar type casts its values (``list<int64>`` -> ``list<int32>``).
+    scalar type casts its values (``list<int64>`` -> ``list<int32>``); a row
+    is bad when one of its own values cannot be cast.
     ``"bfloat16"`` stores bfloat16 bit patterns as ``uint16`` with field
     metadata (see :mod:`slicefeed.transforms._dtypes`).
 
@@ -176,22 +179,46 @@ class Cast(Transform):
             tensor = target if is_tensor(target) else None
             if tensor is not None:
                 arr, target = tensor_storage(arr), target.storage_type
+            bad = np.zeros(len(arr), dtype=bool)
             try:
                 out = pc.cast(arr, target)
             except (pa.ArrowInvalid, OverflowError):
-                bad = failing_rows(arr, lambda a, target=target: pc.cast(a, target))
-                new_bad = bad & ~bad_all
-                reasons[new_bad] = f"Cast: value in column {col!r} cannot be cast to {type_name}"
-                bad_all |= bad
-                out = pc.cast(pc.if_else(pa.array(bad), pa.nulls(len(arr), arr.type), arr), target)
+                bad = _uncastable_rows(arr, target)
+                reasons[bad & ~bad_all] = (
+                    f"Cast: value in column {short_repr(col)} cannot be cast to {type_name}"
+                )
+                # The bad rows become null. if_else also rewrites the child
+                # slots under null rows, which the cast would otherwise cast
+                # too (a fixed-size list's slots hold anything there).
+                arr = pc.if_else(pa.array(bad), pa.nulls(len(arr), arr.type), arr)
+                out = pc.cast(arr, target)
             if bf16:
                 out = _to_bf16(out)
+            bad_all |= bad
             if tensor is not None:
                 out = pa.ExtensionArray.from_storage(
                     with_value_type(tensor, out.type.value_type), out
                 )
             table = table.set_column(i, self._out_field(col, out.type, bf16), out)
         return mark_errors(table, bad_all, reasons)
+
+
+def _leaf_type(t: pa.DataType) -> pa.DataType:
+    while list_like(t):
+        t = t.value_type
+    return t
+
+
+def _uncastable_rows(arr: pa.Array, target: pa.DataType) -> np.ndarray:
+    """Rows of ``arr`` holding a value the cast to ``target`` refuses (error path).
+
+    A list or tensor column is bisected over its leaf values, each cast alone
+    to the target's value type, and the failing ones mapped to their rows: a
+    cast of a sliced list also casts child values outside the slice."""
+    leaf_target = _leaf_type(target)
+    leaves, row = leaf_rows(arr)
+    bad_leaves = failing_rows(leaves, lambda a: pc.cast(a, leaf_target))
+    return rows_of(bad_leaves, row, len(arr))
 
 
 def _storage_type(t: pa.DataType) -> pa.DataType:
