@@ -8,12 +8,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slicefeed.connectors import SpecError
+from slicefeed.connectors import BadRecordError, SpecError
 from slicefeed.transforms import (
     ERROR_COLUMN,
     PROVENANCE_FILE,
     PROVENANCE_ROW,
     PackSequences,
+    apply_transforms,
     packing_efficiency,
     split_errors,
     transform_from_spec,
@@ -161,6 +162,24 @@ def test_null_sequences_are_bad_records():
     assert _dense(good, "tokens", 4).tolist() == [[1, 2, 3, 0]]
     assert bad.column(PROVENANCE_ROW).to_pylist() == [1]
     assert bad.column(ERROR_COLUMN).to_pylist() == ["PackSequences: column 'tokens' is null"]
+
+
+def _provenanced(col: pa.Array) -> pa.Table:
+    n = len(col)
+    return pa.table({"tokens": col, PROVENANCE_FILE: ["a"] * n, PROVENANCE_ROW: pa.array(range(n), pa.int64())})
+
+
+def test_null_token_inside_a_sequence_is_a_bad_record():
+    table = _provenanced(pa.array([[1, None, 3], [4, 5], [None]], pa.list_(pa.int64())))
+    pack = transform_from_spec({"pack_sequences": {"seq_len": 4}})
+    good, bad = split_errors(pack(table))
+    assert _dense(good, "tokens", 4).tolist() == [[4, 5, 0, 0]]
+    assert bad.column(PROVENANCE_ROW).to_pylist() == [0, 2]
+    assert bad.column(ERROR_COLUMN).to_pylist() == [
+        "PackSequences: column 'tokens' holds a null token id; fill or drop it before pack_sequences"
+    ] * 2
+    with pytest.raises(BadRecordError, match=r"row 0: PackSequences: column 'tokens' holds a null token id"):
+        apply_transforms(table, [pack])
 
 
 def test_pack_spec_and_schema_errors():
