@@ -130,8 +130,9 @@ class PackSequences(Transform):
 
     Sequences longer than ``seq_len`` are split into ``seq_len`` pieces
     (``overflow: split``, each piece its own segment) or truncated
-    (``overflow: truncate``). A null list and a list holding a null token id
-    mark their row bad.
+    (``overflow: truncate``). A null list, a list holding a null token id,
+    and a list holding a token id outside int32 (the packed tokens' type: any
+    list<integer> is read, and an id is never wrapped) mark their row bad.
 
     Args:
         column: Input ``list<int>`` column (a ``fixed_size_list`` or
@@ -187,7 +188,12 @@ class PackSequences(Transform):
             f"PackSequences: column {short_repr(self.column)} holds a null token id; "
             "fill or drop it before pack_sequences"
         )
-        bad = ~valid | held_null
+        outside = _rows_outside_int32(values, offsets) & ~held_null
+        reasons[outside] = (
+            f"PackSequences: column {short_repr(self.column)} holds a token id outside int32 "
+            "(the packed tokens' type); fix the ids, or map them into int32 before pack_sequences"
+        )
+        bad = ~valid | held_null | outside
         # Bad rows pack nothing (their offsets stay, so other rows' sources do too).
         lengths = np.where(bad, 0, np.diff(offsets))
         # Items: (source row, start in row, length), after split/truncate.
@@ -309,6 +315,22 @@ class PackSequences(Transform):
         if self.overflow == "truncate":
             out["truncated_tokens"] = totals["truncated_tokens"]
         return out
+
+
+_INT32 = np.iinfo(np.int32)
+
+
+def _rows_outside_int32(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Rows (by ``list_parts`` offsets) holding a value outside int32."""
+    n = len(offsets) - 1
+    kind, size = values.dtype.kind, values.dtype.itemsize
+    if kind not in "iu" or (kind == "i" and size <= 4) or (kind == "u" and size <= 2):
+        return np.zeros(n, dtype=bool)
+    outside = values > _INT32.max if kind == "u" else (values < _INT32.min) | (values > _INT32.max)
+    bad = np.zeros(n, dtype=bool)
+    if outside.any():
+        bad[np.repeat(np.arange(n), np.diff(offsets))[outside]] = True
+    return bad
 
 
 def _append_bad_rows(out: pa.Table, table: pa.Table, bad: np.ndarray, reasons: np.ndarray) -> pa.Table:
