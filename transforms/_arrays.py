@@ -21,6 +21,11 @@ def list_parts(arr: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray,
     ``offsets`` are rebased to start at 0 (length n + 1, int64); ``values`` is
     the matching slice of the child values (a NumPy view where Arrow allows:
     uint8 for binary/string). Null rows have an empty range.
+
+    A null value inside a valid list reads as 0 (False for booleans) and keeps
+    the values' dtype (NumPy would make int64 values float64, NaN for the null,
+    changing the other values beyond 2**53). A caller that writes the values
+    marks those rows bad: :func:`null_value_rows`.
     """
     arr = tensor_storage(arr)
     t = arr.type
@@ -34,7 +39,7 @@ def list_parts(arr: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray,
         size = t.list_size
         flat = arr.flatten() if arr.null_count == 0 else _fsl_values(arr)
         offsets = np.arange(n + 1, dtype=np.int64) * size
-        values = flat.to_numpy(zero_copy_only=False)
+        values = _numpy_values(flat)
         if arr.null_count:
             # Null rows of a fixed-size list are empty here, like other lists.
             lengths = np.where(valid, size, 0)
@@ -48,7 +53,7 @@ def list_parts(arr: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray,
     elif pa.types.is_list(t) or pa.types.is_large_list(t):
         offsets = arr.offsets.to_numpy().astype(np.int64)
         start, end = offsets[0], offsets[-1]
-        values = arr.values.slice(start, end - start).to_numpy(zero_copy_only=False)
+        values = _numpy_values(arr.values.slice(start, end - start))
         offsets = offsets - start
         if arr.null_count:
             lengths = np.where(valid, np.diff(offsets), 0)
@@ -71,6 +76,60 @@ def list_parts(arr: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray,
             values = values[np.repeat(valid, np.diff(offsets))]
         offsets = np.concatenate([[0], np.cumsum(lengths)])
     return values, offsets, valid
+
+
+def _numpy_values(values: pa.Array) -> np.ndarray:
+    """A list's child values as NumPy, a null number or boolean read as 0 / False
+    in the values' own dtype (see :func:`list_parts`)."""
+    t = values.type
+    if values.null_count and (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
+        values = values.fill_null(pa.scalar(False if pa.types.is_boolean(t) else 0).cast(t))
+    return values.to_numpy(zero_copy_only=False)
+
+
+def leaf_rows(arr: pa.Array | pa.ChunkedArray) -> tuple[pa.Array, np.ndarray]:
+    """``(leaves, row)``: the values of a (nested) list or tensor column's valid
+    rows, flattened in row order, and the row of ``arr`` each one belongs to.
+
+    Honours the slice offset; values a null row's slots or offsets still cover
+    belong to no row and are left out. A column that is no list is its own
+    leaves (``row`` is ``arange``).
+    """
+    arr = tensor_storage(arr)
+    row = np.arange(len(arr), dtype=np.int64)
+    while list_like(arr.type):
+        arr = tensor_storage(arr)
+        n = len(arr)
+        if pa.types.is_fixed_size_list(arr.type):
+            size = arr.type.list_size
+            child = _fsl_values(arr)
+            lengths = np.full(n, size, dtype=np.int64)
+        else:
+            offsets = arr.offsets.to_numpy().astype(np.int64)
+            child = arr.values.slice(offsets[0], offsets[-1] - offsets[0])
+            lengths = np.diff(offsets)
+        parent = np.repeat(np.arange(n, dtype=np.int64), lengths)
+        if arr.null_count:
+            keep = np.repeat(arr.is_valid().to_numpy(zero_copy_only=False), lengths)
+            child, parent = child.filter(pa.array(keep)), parent[keep]
+        arr, row = child, row[parent]
+    return arr, row
+
+
+def rows_of(leaf_mask: np.ndarray, row: np.ndarray, n: int) -> np.ndarray:
+    """Boolean mask of the ``n`` rows holding a leaf where ``leaf_mask`` (see :func:`leaf_rows`)."""
+    bad = np.zeros(n, dtype=bool)
+    bad[row[np.asarray(leaf_mask, dtype=bool)]] = True
+    return bad
+
+
+def null_value_rows(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Boolean mask of the valid rows of a list or tensor column that hold a
+    null value (a null row itself is not one of them)."""
+    leaves, row = leaf_rows(arr)
+    if not leaves.null_count:
+        return np.zeros(len(arr), dtype=bool)
+    return rows_of(leaves.is_null().to_numpy(zero_copy_only=False), row, len(arr))
 
 
 def is_tensor(t: pa.DataType) -> bool:
@@ -196,7 +255,15 @@ def failing_rows(arr: pa.Array, fn) -> np.ndarray:
 
     ``fn`` is applied to halves recursively, so k bad rows out of n cost
     O(k log n) calls instead of n.
+
+    ``arr`` must not be a list or tensor column: Arrow's kernels on a slice of
+    one (a cast) touch child values outside the slice (all of them for a
+    fixed-size list), so a slice would fail for another row's value. Bisect
+    the column's :func:`leaf_rows` instead and map the failing leaves to their
+    rows (:func:`rows_of`).
     """
+    if list_like(arr.type):
+        raise TypeError(f"failing_rows needs a column without child values; got {arr.type}")
     bad = np.zeros(len(arr), dtype=bool)
     stack = [(0, len(arr))]
     while stack:

@@ -15,7 +15,9 @@ from slicefeed.transforms._arrays import (
     failing_rows,
     fixed_values,
     is_tensor,
+    leaf_rows,
     list_like,
+    rows_of,
     tensor_storage,
     with_value_type,
 )
@@ -108,7 +110,15 @@ class Cast(Transform):
 
     A value that cannot be cast (``"abc"`` to ``int32``, ``300`` to ``uint8``)
     marks its row bad instead of failing the batch. A list column cast to a
-    scalar type casts its values (``list<int64>`` -> ``list<int32>``).
+    scalar type casts its values (``list<int64>`` -> ``list<int32>``); a row
+    is bad when one of its own values cannot be cast.
+
+    Casts to a float type: a finite value beyond the target's range (``1e300``
+    or ``-3.5e38`` to ``float32``, ``70000`` to ``float16``) would become
+    infinite, an overflow that marks its row bad; inf and NaN stay inf and NaN.
+    A finite value within range is rounded to the nearest value of the target
+    (``0.1`` is no ``float32``): the precision a float cast gives up, not an
+    error.
     ``"bfloat16"`` stores bfloat16 bit patterns as ``uint16`` with field
     metadata (see :mod:`slicefeed.transforms._dtypes`).
 
@@ -176,22 +186,110 @@ class Cast(Transform):
             tensor = target if is_tensor(target) else None
             if tensor is not None:
                 arr, target = tensor_storage(arr), target.storage_type
+            bad = np.zeros(len(arr), dtype=bool)
             try:
                 out = pc.cast(arr, target)
             except (pa.ArrowInvalid, OverflowError):
-                bad = failing_rows(arr, lambda a, target=target: pc.cast(a, target))
-                new_bad = bad & ~bad_all
-                reasons[new_bad] = f"Cast: value in column {col!r} cannot be cast to {type_name}"
-                bad_all |= bad
-                out = pc.cast(pc.if_else(pa.array(bad), pa.nulls(len(arr), arr.type), arr), target)
+                bad = _uncastable_rows(arr, target)
+                reasons[bad & ~bad_all] = (
+                    f"Cast: value in column {short_repr(col)} cannot be cast to {type_name}"
+                )
+                # The bad rows become null. if_else also rewrites the child
+                # slots under null rows, which the cast would otherwise cast
+                # too (a fixed-size list's slots hold anything there).
+                arr = pc.if_else(pa.array(bad), pa.nulls(len(arr), arr.type), arr)
+                out = pc.cast(arr, target)
             if bf16:
                 out = _to_bf16(out)
+            over = _overflow_rows(arr, out, bf16) & ~bad
+            if over.any():
+                reasons[over & ~bad_all] = (
+                    f"Cast: value in column {short_repr(col)} overflows {type_name} (a finite "
+                    "value beyond its range); cast to a wider type or fix the value"
+                )
+                bad |= over
+                out = pc.if_else(pa.array(over), pa.nulls(len(out), out.type), out)
+            bad_all |= bad
             if tensor is not None:
                 out = pa.ExtensionArray.from_storage(
                     with_value_type(tensor, out.type.value_type), out
                 )
             table = table.set_column(i, self._out_field(col, out.type, bf16), out)
         return mark_errors(table, bad_all, reasons)
+
+
+def _leaf_type(t: pa.DataType) -> pa.DataType:
+    while list_like(t):
+        t = t.value_type
+    return t
+
+
+def _uncastable_rows(arr: pa.Array, target: pa.DataType) -> np.ndarray:
+    """Rows of ``arr`` holding a value the cast to ``target`` refuses (error path).
+
+    A list or tensor column is bisected over its leaf values, each cast alone
+    to the target's value type, and the failing ones mapped to their rows: a
+    cast of a sliced list also casts child values outside the slice."""
+    leaf_target = _leaf_type(target)
+    leaves, row = leaf_rows(arr)
+    bad_leaves = failing_rows(leaves, lambda a: pc.cast(a, leaf_target))
+    return rows_of(bad_leaves, row, len(arr))
+
+
+_INF_TEXT = r"^[+-]?(inf|infinity)$"
+
+
+def _overflow_rows(src: pa.Array, out: pa.Array, bf16: bool) -> np.ndarray:
+    """Rows where a finite value of ``src`` became infinite in ``out``, its cast
+    to a float type (or bfloat16 bits): beyond the target's range, an overflow.
+
+    inf and NaN that were inf and NaN (numbers, or the text ``inf``,
+    ``-Infinity``, ``nan``) stay; rounding a finite value to the nearest one
+    of a narrower float is what a float cast does, and no error."""
+    none = np.zeros(len(src), dtype=bool)
+    leaf_type, src_type = _leaf_type(out.type), _leaf_type(src.type)
+    if not (pa.types.is_uint16(leaf_type) if bf16 else pa.types.is_floating(leaf_type)):
+        return none
+    # Casts whose every value is within the target's range need no check:
+    # any int64 is within float32's and bfloat16's (float16's ends at 65504),
+    # and a float within a float at least as wide.
+    if pa.types.is_integer(src_type) and not pa.types.is_float16(leaf_type):
+        return none
+    if pa.types.is_floating(src_type) and (
+        src_type.bit_width <= (16 if bf16 else leaf_type.bit_width)
+    ):
+        return none
+    # The common case, no infinity at all, needs no row numbers.
+    if not pc.any(_is_inf(_flat(out), bf16)).as_py():
+        return none
+    leaf_out, row = leaf_rows(out)
+    inf = _is_inf(leaf_out, bf16)
+    leaf_src, _ = leaf_rows(src)  # the same rows, so the same leaves in the same order
+    t = leaf_src.type
+    if pa.types.is_floating(t):
+        was = pc.invert(pc.is_finite(leaf_src))
+    elif pa.types.is_string(t) or pa.types.is_large_string(t):
+        was = pc.match_substring_regex(leaf_src, _INF_TEXT, ignore_case=True)
+    else:
+        was = pa.array(np.zeros(len(leaf_src), dtype=bool))
+    over = pc.and_(inf, pc.invert(pc.fill_null(was, False)))
+    return rows_of(pc.fill_null(over, False).to_numpy(zero_copy_only=False), row, len(src))
+
+
+def _flat(arr: pa.Array) -> pa.Array:
+    """The leaf values of ``arr``'s valid rows (no row numbers)."""
+    arr = tensor_storage(arr)
+    while list_like(arr.type):
+        arr = tensor_storage(arr.flatten())
+    return arr
+
+
+def _is_inf(values: pa.Array, bf16: bool) -> pa.Array:
+    if bf16:
+        # bfloat16 bits: the exponent all ones and a zero mantissa is +-inf.
+        masked = pc.bit_wise_and(values, pa.scalar(0x7FFF, pa.uint16()))
+        return pc.equal(masked, pa.scalar(0x7F80, pa.uint16()))
+    return pc.is_inf(values)
 
 
 def _storage_type(t: pa.DataType) -> pa.DataType:
@@ -277,7 +375,11 @@ class FillNull(Transform):
     """Replaces nulls with constants.
 
     Args:
-        values: ``{column: value}``; the value must be castable to the column type.
+        values: ``{column: value}``; the value must be castable to the column
+            type: a finite value beyond a float column's range (``1e300`` for
+            ``float32``) is refused, as it would become infinite; inf and NaN
+            are taken as they are, and a value within range is rounded to the
+            column's precision.
     """
 
     name: ClassVar[str] = "fill_null"
@@ -286,20 +388,37 @@ class FillNull(Transform):
     def __post_init__(self) -> None:
         object.__setattr__(self, "values", self._column_mapping(self.values, "values"))
 
+    def _fill_value(self, c: str, t: pa.DataType) -> pa.Scalar:
+        """The fill value for column ``c`` of type ``t``, cast to it.
+
+        Raises:
+            SpecError: the value does not cast, or a finite one becomes infinite.
+        """
+        v = self.values[c]
+        try:
+            given = pa.scalar(v)
+            out = given.cast(t)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, TypeError,
+                OverflowError):
+            raise self._spec_error(
+                f"fill value {short_repr(v)} for column {short_repr(c)} cannot be cast to the "
+                f"column type {t}"
+            ) from None
+        if pa.types.is_floating(t) and _overflow_rows(pa.array([given]), pa.array([out]), False)[0]:
+            raise self._spec_error(
+                f"fill value {short_repr(v)} for column {short_repr(c)} overflows the column type "
+                f"{t} (it would become infinite); use a value within its range"
+            )
+        return out
+
     def output_schema(self, schema: pa.Schema) -> pa.Schema:
-        for c, v in self.values.items():
-            t = self._require(schema, c, arg="values")
-            try:
-                pa.scalar(v).cast(t)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, TypeError):
-                raise self._spec_error(
-                    f"fill value {v!r} for column {c!r} cannot be cast to the column type {t}"
-                ) from None
+        for c in self.values:
+            self._fill_value(c, self._require(schema, c, arg="values"))
         return schema
 
     def __call__(self, table: pa.Table) -> pa.Table:
-        for c, v in self.values.items():
+        for c in self.values:
             i = table.column_names.index(c)
             col = table.column(i)
-            table = table.set_column(i, table.schema.field(i), col.fill_null(pa.scalar(v).cast(col.type)))
+            table = table.set_column(i, table.schema.field(i), col.fill_null(self._fill_value(c, col.type)))
         return table

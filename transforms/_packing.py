@@ -8,8 +8,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
-from slicefeed.connectors import ERROR_COLUMN, PROVENANCE_FILE, PROVENANCE_ROW
-from slicefeed.transforms._arrays import list_parts, make_tensor, segment_arange, tensor_type
+from slicefeed.connectors import ERROR_COLUMN, PROVENANCE_FILE, PROVENANCE_ROW, short_repr
+from slicefeed.transforms._arrays import (
+    list_parts,
+    make_tensor,
+    null_value_rows,
+    segment_arange,
+    tensor_type,
+)
 from slicefeed.transforms._contract import Transform
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -124,7 +130,9 @@ class PackSequences(Transform):
 
     Sequences longer than ``seq_len`` are split into ``seq_len`` pieces
     (``overflow: split``, each piece its own segment) or truncated
-    (``overflow: truncate``). Null lists mark their row bad.
+    (``overflow: truncate``). A null list, a list holding a null token id,
+    and a list holding a token id outside int32 (the packed tokens' type: any
+    list<integer> is read, and an id is never wrapped) mark their row bad.
 
     Args:
         column: Input ``list<int>`` column (a ``fixed_size_list`` or
@@ -170,9 +178,24 @@ class PackSequences(Transform):
 
     def __call__(self, table: pa.Table) -> pa.Table:
         S = self.seq_len
-        values, offsets, valid = list_parts(table.column(self.column))
-        lengths = np.diff(offsets)
-        n = len(lengths)
+        col = table.column(self.column)
+        values, offsets, valid = list_parts(col)
+        n = len(valid)
+        reasons = np.full(n, None, dtype=object)
+        reasons[~valid] = f"PackSequences: column {short_repr(self.column)} is null"
+        held_null = null_value_rows(col)
+        reasons[held_null] = (
+            f"PackSequences: column {short_repr(self.column)} holds a null token id; "
+            "fill or drop it before pack_sequences"
+        )
+        outside = _rows_outside_int32(values, offsets) & ~held_null
+        reasons[outside] = (
+            f"PackSequences: column {short_repr(self.column)} holds a token id outside int32 "
+            "(the packed tokens' type); fix the ids, or map them into int32 before pack_sequences"
+        )
+        bad = ~valid | held_null | outside
+        # Bad rows pack nothing (their offsets stay, so other rows' sources do too).
+        lengths = np.where(bad, 0, np.diff(offsets))
         # Items: (source row, start in row, length), after split/truncate.
         if self.overflow == "split":
             pieces = np.where(lengths > 0, (lengths + S - 1) // S, 0)
@@ -251,8 +274,8 @@ class PackSequences(Transform):
             if c in table.column_names:
                 cols[c] = table.column(c).take(pa.array(first_row))
         out = pa.Table.from_pydict(cols, schema=self._schema_for(table))
-        if not valid.all():
-            out = _append_bad_rows(out, table, ~valid, self)
+        if bad.any():
+            out = _append_bad_rows(out, table, bad, reasons)
         return out
 
     def _schema_for(self, table: pa.Table) -> pa.Schema:
@@ -294,8 +317,24 @@ class PackSequences(Transform):
         return out
 
 
-def _append_bad_rows(out: pa.Table, table: pa.Table, bad: np.ndarray, t: PackSequences) -> pa.Table:
-    """One placeholder row per bad input row, marked in ``_sf_error``."""
+_INT32 = np.iinfo(np.int32)
+
+
+def _rows_outside_int32(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Rows (by ``list_parts`` offsets) holding a value outside int32."""
+    n = len(offsets) - 1
+    kind, size = values.dtype.kind, values.dtype.itemsize
+    if kind not in "iu" or (kind == "i" and size <= 4) or (kind == "u" and size <= 2):
+        return np.zeros(n, dtype=bool)
+    outside = values > _INT32.max if kind == "u" else (values < _INT32.min) | (values > _INT32.max)
+    bad = np.zeros(n, dtype=bool)
+    if outside.any():
+        bad[np.repeat(np.arange(n), np.diff(offsets))[outside]] = True
+    return bad
+
+
+def _append_bad_rows(out: pa.Table, table: pa.Table, bad: np.ndarray, reasons: np.ndarray) -> pa.Table:
+    """One placeholder row per bad input row, marked in ``_sf_error`` with its reason."""
     idx = pa.array(np.flatnonzero(bad))
     k = len(idx)
     cols: dict[str, pa.Array] = {}
@@ -305,7 +344,6 @@ def _append_bad_rows(out: pa.Table, table: pa.Table, bad: np.ndarray, t: PackSeq
         else:
             cols[f.name] = pa.nulls(k, f.type)
     bad_rows = pa.Table.from_pydict(cols, schema=out.schema)
-    reason = f"PackSequences: column {t.column!r} is null"
-    bad_rows = bad_rows.append_column(pa.field(ERROR_COLUMN, pa.string()), pa.array([reason] * k))
+    bad_rows = bad_rows.append_column(pa.field(ERROR_COLUMN, pa.string()), pa.array(reasons[bad], pa.string()))
     good = out.append_column(pa.field(ERROR_COLUMN, pa.string()), pa.nulls(out.num_rows, pa.string()))
     return pa.concat_tables([good, bad_rows])

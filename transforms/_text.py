@@ -17,6 +17,7 @@ from slicefeed.transforms._arrays import (
     list_parts,
     make_list,
     make_tensor,
+    null_value_rows,
     segment_arange,
     tensor_type,
 )
@@ -289,7 +290,8 @@ class PadOrTruncate(Transform):
     bits, which a tensor cannot hold, and Ray Data fails on a bool tensor
     column). The input may be any list column, including a
     ``fixed_size_list`` or one-dimensional tensor column.
-    A null list marks its row bad.
+    A null list marks its row bad, and so does a list holding a null value
+    (a fixed-shape row cannot hold one; it is never written as a number).
 
     Args:
         column: Input list column.
@@ -359,6 +361,7 @@ class PadOrTruncate(Transform):
         col = table.column(self.column)
         value_type = col.type.value_type
         values, offsets, valid = list_parts(col)
+        held_null = null_value_rows(col)
         n, L = len(valid), self.length
         lengths = np.diff(offsets)
         keep = np.minimum(lengths, L)
@@ -373,7 +376,8 @@ class PadOrTruncate(Transform):
             dst = np.repeat(np.arange(n) * L + (L - keep), keep) + within
         out[dst] = values[src]
         fields = self._fields(value_type)
-        arrays = [make_tensor(out, (L,), None, value_type)]
+        # A row holding a null is bad: its output is null, never the 0 read for the null.
+        arrays = [make_tensor(out, (L,), ~held_null if held_null.any() else None, value_type)]
         if self.lengths:
             arrays.append(pa.array(keep.astype(np.int32)))
         if self.mask:
@@ -385,4 +389,10 @@ class PadOrTruncate(Transform):
                 table = table.set_column(table.column_names.index(f.name), f, a)
             else:
                 table = table.append_column(f, a)
-        return mark_errors(table, ~valid, f"PadOrTruncate: column {self.column!r} is null")
+        reasons = np.full(n, None, dtype=object)
+        reasons[~valid] = f"PadOrTruncate: column {short_repr(self.column)} is null"
+        reasons[held_null] = (
+            f"PadOrTruncate: column {short_repr(self.column)} holds a null inside its list "
+            "(a fixed-shape row has no null); fill or drop it before pad_or_truncate"
+        )
+        return mark_errors(table, ~valid | held_null, reasons)

@@ -8,12 +8,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slicefeed.connectors import SpecError
+from slicefeed.connectors import BadRecordError, SpecError
 from slicefeed.transforms import (
     ERROR_COLUMN,
     PROVENANCE_FILE,
     PROVENANCE_ROW,
     PackSequences,
+    apply_transforms,
     packing_efficiency,
     split_errors,
     transform_from_spec,
@@ -161,6 +162,45 @@ def test_null_sequences_are_bad_records():
     assert _dense(good, "tokens", 4).tolist() == [[1, 2, 3, 0]]
     assert bad.column(PROVENANCE_ROW).to_pylist() == [1]
     assert bad.column(ERROR_COLUMN).to_pylist() == ["PackSequences: column 'tokens' is null"]
+
+
+def _provenanced(col: pa.Array) -> pa.Table:
+    n = len(col)
+    return pa.table({"tokens": col, PROVENANCE_FILE: ["a"] * n, PROVENANCE_ROW: pa.array(range(n), pa.int64())})
+
+
+def test_null_token_inside_a_sequence_is_a_bad_record():
+    table = _provenanced(pa.array([[1, None, 3], [4, 5], [None]], pa.list_(pa.int64())))
+    pack = transform_from_spec({"pack_sequences": {"seq_len": 4}})
+    good, bad = split_errors(pack(table))
+    assert _dense(good, "tokens", 4).tolist() == [[4, 5, 0, 0]]
+    assert bad.column(PROVENANCE_ROW).to_pylist() == [0, 2]
+    assert bad.column(ERROR_COLUMN).to_pylist() == [
+        "PackSequences: column 'tokens' holds a null token id; fill or drop it before pack_sequences"
+    ] * 2
+    with pytest.raises(BadRecordError, match=r"row 0: PackSequences: column 'tokens' holds a null token id"):
+        apply_transforms(table, [pack])
+
+
+@pytest.mark.parametrize(
+    "col",
+    [
+        pa.array([[2**32 + 5, 7], [70000, 2**31 - 1, -(2**31)], [2**40], [-(2**31) - 1]], pa.list_(pa.int64())),
+        pa.array([[2**63 + 5, 7], [70000, 2**31 - 1, 0], [2**31], [2**32]], pa.list_(pa.uint64())),
+    ],
+    ids=["int64", "uint64"],
+)
+def test_token_ids_outside_int32_are_bad_records_not_wrapped(col):
+    pack = transform_from_spec({"pack_sequences": {"seq_len": 4}})
+    good, bad = split_errors(pack(_provenanced(col)))
+    assert _dense(good, "tokens", 4).tolist() == [col[1].as_py() + [0]]
+    assert bad.column(PROVENANCE_ROW).to_pylist() == [0, 2, 3]
+    assert set(bad.column(ERROR_COLUMN).to_pylist()) == {
+        ("PackSequences: column 'tokens' holds a token id outside int32 (the packed tokens' type); "
+        "fix the ids, or map them into int32 before pack_sequences")
+    }
+    with pytest.raises(BadRecordError, match=r"row 0: PackSequences: column 'tokens' holds a token id outside int32"):
+        apply_transforms(_provenanced(col), [pack])
 
 
 def test_pack_spec_and_schema_errors():

@@ -160,6 +160,89 @@ def test_cast_bad_values_mark_rows_not_raise():
     assert bad.column(PROVENANCE_ROW).to_pylist() == [1, 4]
 
 
+def _rows(col: pa.Array) -> pa.Table:
+    n = len(col)
+    return pa.table({"c": col, PROVENANCE_FILE: ["a.jsonl"] * n, PROVENANCE_ROW: pa.array(range(n), pa.int64())})
+
+
+@pytest.mark.parametrize(
+    "col",
+    [
+        pa.array([[1, 2], [3], [300], [4], [5]], pa.list_(pa.int64())),
+        pa.array([[1, 2], [3], [300], [4], [5]], pa.large_list(pa.int64())),
+        pa.array([[1, 2], [3, 4], [300, 1], [4, 5], [5, 6]], pa.list_(pa.int64(), 2)),
+        pa.ExtensionArray.from_storage(
+            pa.fixed_shape_tensor(pa.int64(), (2,)),
+            pa.array([[1, 2], [3, 4], [300, 1], [4, 5], [5, 6]], pa.list_(pa.int64(), 2)),
+        ),
+    ],
+    ids=["list", "large_list", "fixed_size_list", "tensor"],
+)
+def test_cast_list_column_marks_only_the_row_holding_the_bad_value(col):
+    cast = transform_from_spec({"cast": {"columns": {"c": "int8"}}})
+    good, bad = split_errors(cast(_rows(col)))
+    assert bad.column(PROVENANCE_ROW).to_pylist() == [2]
+    assert bad.column(ERROR_COLUMN).to_pylist() == ["Cast: value in column 'c' cannot be cast to int8"]
+    expected = [r for i, r in enumerate(col.to_pylist()) if i != 2]
+    assert good.column("c").to_pylist() == expected
+    assert apply_transforms(_rows(col), [cast], on_error="skip").column("c").to_pylist() == expected
+    with pytest.raises(BadRecordError, match=r"bad record at file 'a\.jsonl' row 2: Cast: value in column 'c' "
+                       r"cannot be cast to int8\. Fix"):
+        apply_transforms(_rows(col), [cast])
+
+
+def test_cast_list_column_ignores_values_hidden_under_null_rows():
+    # Row 1 is null; the child slots under it hold 300, which is no value of the column.
+    col = pa.FixedSizeListArray.from_arrays(pa.array([1, 2, 300, 300, 4, 5]), 2,
+                                            mask=pa.array([False, True, False]))
+    out = Cast({"c": "int8"})(_rows(col))
+    assert ERROR_COLUMN not in out.column_names
+    assert out.column("c").to_pylist() == [[1, 2], None, [4, 5]]
+    col = pa.ListArray.from_arrays(pa.array([0, 1, 2, 3]), pa.array([1, 300, 3]), mask=pa.array([False, True, False]))
+    out = Cast({"c": "int8"})(_rows(col).slice(1))
+    assert ERROR_COLUMN not in out.column_names
+    assert out.column("c").to_pylist() == [None, [3]]
+
+
+@pytest.mark.parametrize("target", ["float32", "float16", "bfloat16"])
+def test_cast_float_overflow_is_a_bad_row_and_inf_nan_stay(target):
+    values = [1e300, -3.5e38, 70000.0, 1.0, float("inf"), float("-inf"), float("nan"), None, 0.1]
+    overflow = {"float32": [0, 1], "float16": [0, 1, 2], "bfloat16": [0, 1]}[target]
+    cast = transform_from_spec({"cast": {"columns": {"c": target}}})
+    for col in (pa.array(values), pa.array([[v] for v in values], pa.list_(pa.float64()))):
+        good, bad = split_errors(cast(_rows(col)))
+        assert bad.column(PROVENANCE_ROW).to_pylist() == overflow
+        assert set(bad.column(ERROR_COLUMN).to_pylist()) == {
+            (f"Cast: value in column 'c' overflows {target} (a finite value beyond its range); "
+            "cast to a wider type or fix the value")
+        }
+        got = good.column("c").to_pylist()
+        if col.type != pa.float64():
+            got = [None if v is None else v[0] for v in got]
+        if target == "bfloat16":
+            got = [None if v is None else float(as_bfloat16(np.uint16(v)).astype(np.float32)) for v in got]
+        kept = [v for i, v in enumerate(values) if i not in overflow]
+        assert len(got) == len(kept)
+        for g, v in zip(got, kept):
+            # inf, -inf, NaN and null stay; a finite value within range rounds
+            # to the target's nearest (0.1 is no float32), which is no error.
+            if v is None or np.isnan(v):
+                assert g is None if v is None else np.isnan(g)
+            else:
+                assert g == pytest.approx(v, rel=1e-2)
+        assert got[-1] != 0.1
+    with pytest.raises(BadRecordError, match=rf"row 0: Cast: value in column 'c' overflows {target}"):
+        apply_transforms(_rows(pa.array(values)), [cast])
+
+
+def test_cast_string_to_float_overflow_is_a_bad_row():
+    col = pa.array(["1e40", "inf", "-Infinity", "nan", "3.5", None])
+    good, bad = split_errors(Cast({"c": "float32"})(_rows(col)))
+    assert bad.column(PROVENANCE_ROW).to_pylist() == [0]
+    got = good.column("c").to_pylist()
+    assert got[:2] == [float("inf"), float("-inf")] and np.isnan(got[2]) and got[3:] == [3.5, None]
+
+
 def test_cast_schema_errors():
     with pytest.raises(SpecError, match=r"Cast: column 'nope' not found; available: id, text"):
         Cast({"nope": "int32"}).output_schema(_table().schema)

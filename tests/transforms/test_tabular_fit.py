@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -117,6 +118,21 @@ def test_fill_null():
         FillNull({"y": "n/a"}).output_schema(_table().schema)
     with pytest.raises(SpecError, match=r"FillNull: column 'z' not found; available: x, y"):
         FillNull({"z": 0}).output_schema(_table().schema)
+
+
+def test_fill_null_value_beyond_a_float_columns_range_is_a_spec_error():
+    tbl = pa.table({"f": pa.array([1.0, None], pa.float32()), "h": pa.array([None, 2.0], pa.float16())})
+    for col, v in (("f", 1e300), ("f", -3.5e38), ("h", 70000.0)):
+        fill = transform_from_spec({"fill_null": {"values": {col: v}}})
+        msg = rf"FillNull: fill value {re.escape(repr(v))} for column '{col}' overflows the column type"
+        with pytest.raises(SpecError, match=msg):
+            fill.output_schema(tbl.schema)
+        with pytest.raises(SpecError, match=msg):
+            apply_transforms(tbl, [fill])
+    # inf stays inf; a finite value that rounds stays allowed.
+    out = FillNull({"f": float("-inf"), "h": 0.1})(tbl)
+    assert out.column("f").to_pylist() == [1.0, float("-inf")]
+    assert out.column("h").to_pylist()[0] == pytest.approx(0.1, rel=1e-3)
 
 
 def test_scaling_schema_errors():

@@ -206,6 +206,30 @@ def test_pad_or_truncate_left_and_output_column():
     np.testing.assert_array_equal(dense[:, -1], [5, 6, 0])
 
 
+def test_pad_or_truncate_null_inside_a_list_is_a_bad_record():
+    big = 2**60 + 1  # no float64: a good row's ids stay exact next to a row holding a null
+    tbl = pa.table(
+        {
+            "ids": pa.array([[1, None, 3], [big, 2], None, [None]], pa.list_(pa.int64())),
+            "x": pa.array([[1.5, None], [2.5], [3.5], [None, 1.0]], pa.list_(pa.float32())),
+            PROVENANCE_FILE: ["f"] * 4,
+            PROVENANCE_ROW: pa.array(range(4), pa.int64()),
+        }
+    )
+    pad = transform_from_spec({"pad_or_truncate": {"column": "ids", "length": 4}})
+    good, bad = split_errors(pad(tbl))
+    assert good.column("ids").to_pylist() == [[big, 2, 0, 0]]
+    assert bad.column(PROVENANCE_ROW).to_pylist() == [0, 2, 3]
+    held = ("PadOrTruncate: column 'ids' holds a null inside its list (a fixed-shape row has no null); "
+            "fill or drop it before pad_or_truncate")
+    assert bad.column(ERROR_COLUMN).to_pylist() == [held, "PadOrTruncate: column 'ids' is null", held]
+    good, bad = split_errors(PadOrTruncate("x", 3)(tbl))
+    assert good.column("x").to_pylist() == [[2.5, 0, 0], [3.5, 0, 0]]
+    assert bad.column(PROVENANCE_ROW).to_pylist() == [0, 3]
+    with pytest.raises(BadRecordError, match=r"row 0: PadOrTruncate: column 'ids' holds a null inside its list"):
+        apply_transforms(tbl, [pad])
+
+
 @pytest.mark.slow
 def test_pad_or_truncate_schema_errors():
     with pytest.raises(SpecError, match=r"PadOrTruncate: column 'tokens' not found; available: ids"):
