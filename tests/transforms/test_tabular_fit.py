@@ -199,3 +199,43 @@ def test_deduplicate_dataset_op(ray_cluster):
         Deduplicate(["tags"]).output_schema(_table().schema)
     with pytest.raises(SpecError, match=r"Deduplicate: column 'txt' not found; available: text, n"):
         Deduplicate(["txt"]).output_schema(_dups().schema)
+
+
+def _blocks(ray, table: pa.Table, n: int):
+    """A Ray dataset of ``table`` cut into ``n`` blocks."""
+    k = -(-table.num_rows // n)
+    return ray.data.from_arrow([table.slice(i, k) for i in range(0, table.num_rows, k)])
+
+
+@pytest.mark.slow
+def test_scaling_fit_ignores_nan_and_refuses_infinity(ray_cluster):
+    import ray
+
+    nan, inf = float("nan"), float("inf")
+    ds = _blocks(ray, pa.table({"x": [1.0, 2.0, nan, 3.0]}), 2)
+    # NaN is missing, like null: skipped by the fit, NaN in the output.
+    s = transform_from_spec({"standardize": {"columns": ["x"], "dtype": "float64"}}).fit(ds)
+    assert s.mean == {"x": 2.0} and s.std["x"] == pytest.approx((2 / 3) ** 0.5)
+    out = s(pa.table({"x": [1.0, 2.0, 3.0, nan]})).column("x").to_pylist()
+    assert out[:3] == pytest.approx([-(1.5**0.5), 0.0, 1.5**0.5]) and np.isnan(out[3])
+    m = transform_from_spec({"min_max_scale": {"columns": ["x"]}}).fit(ds)
+    assert m.min == {"x": 1.0} and m.max == {"x": 3.0}
+    # An infinity has no mean, std, min or max to fit: a named error, never a 0.
+    for vals in ([1.0, 2.0, 3.0, inf], [-inf, 1.0, 2.0, 3.0]):
+        bad = _blocks(ray, pa.table({"ok": [1.0] * 4, "x": vals}), 2)
+        for name, label in (("standardize", "Standardize"), ("min_max_scale", "MinMaxScale")):
+            t = transform_from_spec({name: {"columns": ["ok", "x"]}})
+            with pytest.raises(SpecError, match=rf"{label}: column 'x' holds 1 infinite value.*filter"):
+                t.fit(bad)
+
+
+@pytest.mark.slow
+def test_standardize_constant_column_maps_to_zero(ray_cluster):
+    import ray
+
+    for value, n, nblocks in ((0.1, 1000, 7), (1e10 + 0.1, 999, 3)):
+        t = pa.table({"x": [value] * n})
+        f = Standardize(["x"], dtype="float64").fit(_blocks(ray, t, nblocks))
+        assert f.stats() == {"mean": {"x": value}, "std": {"x": 0.0}}
+        assert set(f(t).column("x").to_pylist()) == {0.0}
+
