@@ -132,7 +132,7 @@ class _FittedScaler(Transform):
         for c in self.columns:
             i = table.column_names.index(c)
             offset, scale = self._offset_scale(c)
-            x = pc.cast(table.column(i), pa.float64())
+            x = as_float64(table.column(i))
             y = pc.divide(pc.subtract(x, offset), scale or 1.0)
             table = table.set_column(i, pa.field(c, t), pc.cast(y, t))
         return table
@@ -147,7 +147,8 @@ class Standardize(_FittedScaler):
     returns a copy holding ``mean`` and ``std``; give them in the spec to skip
     fitting. A constant column (min == max) fits std 0 exactly and maps to 0.
     Nulls stay null and NaN stays NaN (put :class:`FillNull` first to replace
-    nulls).
+    nulls). Integer columns are scaled as float64 (beyond 2^53 that rounds to
+    53 significant bits).
 
     Args:
         columns: Numeric columns.

@@ -239,3 +239,13 @@ def test_standardize_constant_column_maps_to_zero(ray_cluster):
         assert f.stats() == {"mean": {"x": value}, "std": {"x": 0.0}}
         assert set(f(t).column("x").to_pylist()) == {0.0}
 
+
+def test_scaling_of_integers_beyond_float_precision():
+    ns = [1_700_000_000_000_000_000, 1_700_000_000_000_000_512, None]
+    t = pa.table({"ts": pa.array(ns, pa.int64()), "u": pa.array([2**64 - 1, 0, None], pa.uint64())})
+    s = transform_from_spec({"standardize": {"columns": ["ts"], "dtype": "float64",
+                                             "mean": {"ts": 1.7e18}, "std": {"ts": 512.0}}})
+    assert apply_transforms(t, [s]).column("ts").to_pylist() == [0.0, 1.0, None]
+    m = transform_from_spec({"min_max_scale": {"columns": ["u"], "min": {"u": 0}, "max": {"u": 2.0**64}}})
+    assert apply_transforms(t, [m]).column("u").to_pylist() == [1.0, 0.0, None]
+
