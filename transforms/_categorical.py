@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from slicefeed.connectors import short_repr
 from slicefeed.transforms._arrays import (
     fixed_values,
     is_tensor,
@@ -22,6 +23,8 @@ from slicefeed.transforms._hashing import hash64
 
 if TYPE_CHECKING:  # pragma: no cover
     import ray.data
+
+_I32_MIN, _I32_MAX = -(2**31), 2**31 - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +105,8 @@ class Vocabulary(Transform):
         top_k: Vocabulary size limit (None: all values).
         min_count: Minimum number of occurrences.
         oov_id: Id for out-of-vocabulary values.
-        first_id: Id of the most frequent value.
+        first_id: Id of the most frequent value. Every id (``oov_id`` and
+            ``first_id .. first_id + len(vocab) - 1``) must fit int32.
         output: Output column (default: replace ``column``).
         vocab: The vocabulary (fitted; give it in the spec to skip fitting).
     """
@@ -120,10 +124,26 @@ class Vocabulary(Transform):
     def __post_init__(self) -> None:
         if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1):
             raise self._spec_error(f"top_k must be a positive integer; got {self.top_k!r}")
+        # Ids are int32: an id outside its range would wrap in Arrow's add and
+        # could equal oov_id or another value's id.
+        for arg in ("first_id", "oov_id"):
+            v = getattr(self, arg)
+            if isinstance(v, bool) or not isinstance(v, int) or not _I32_MIN <= v <= _I32_MAX:
+                raise self._spec_error(
+                    f"{arg} {short_repr(v)} does not fit int32 (the id type): give an integer in "
+                    f"[{_I32_MIN}, {_I32_MAX}]"
+                )
         if self.vocab is not None:
             object.__setattr__(self, "vocab", tuple(self.vocab))
             if len(set(self.vocab)) != len(self.vocab):
                 raise self._spec_error("vocab contains duplicates")
+            last = self.first_id + len(self.vocab) - 1
+            if last > _I32_MAX:
+                raise self._spec_error(
+                    f"first_id {self.first_id} with {len(self.vocab)} vocab values gives ids up to "
+                    f"{last}, beyond int32 (the id type, at most {_I32_MAX}): lower first_id "
+                    f"(or top_k)"
+                )
             if self.first_id <= self.oov_id < self.first_id + len(self.vocab):
                 raise self._spec_error(
                     f"oov_id {self.oov_id} collides with the vocabulary ids "

@@ -249,3 +249,16 @@ def test_scaling_of_integers_beyond_float_precision():
     m = transform_from_spec({"min_max_scale": {"columns": ["u"], "min": {"u": 0}, "max": {"u": 2.0**64}}})
     assert apply_transforms(t, [m]).column("u").to_pylist() == [1.0, 0.0, None]
 
+
+def test_vocabulary_ids_must_fit_int32():
+    with pytest.raises(SpecError, match=r"Vocabulary: first_id 2147483647 with 2 vocab values gives ids up to "
+                                        r"2147483648, beyond int32"):
+        transform_from_spec({"vocabulary": {"column": "c", "vocab": ["a", "b"], "first_id": 2**31 - 1,
+                                            "oov_id": -(2**31)}})
+    with pytest.raises(SpecError, match=r"Vocabulary: oov_id 2147483648 does not fit int32"):
+        Vocabulary("c", vocab=["a"], oov_id=2**31)
+    with pytest.raises(SpecError, match=r"Vocabulary: first_id -2147483649 does not fit int32"):
+        Vocabulary("c", first_id=-(2**31) - 1)
+    ok = Vocabulary("c", vocab=["a", "b"], first_id=2**31 - 2, oov_id=-(2**31))
+    assert ok(pa.table({"c": ["a", "b", "z"]})).column("c").to_pylist() == [2**31 - 2, 2**31 - 1, -(2**31)]
+
