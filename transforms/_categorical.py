@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from slicefeed.connectors import short_repr
+from slicefeed.connectors import printable, short_repr
 from slicefeed.transforms._arrays import (
     fixed_values,
     is_tensor,
@@ -109,6 +109,10 @@ class Vocabulary(Transform):
             ``first_id .. first_id + len(vocab) - 1``) must fit int32.
         output: Output column (default: replace ``column``).
         vocab: The vocabulary (fitted; give it in the spec to skip fitting).
+            Its values must have the column's kind: strings for a string
+            column (quote ``yes``, ``no`` and codes like ``02139`` in YAML),
+            integers in the column type's range for an integer column; the
+            schema check refuses others.
     """
 
     name: ClassVar[str] = "vocabulary"
@@ -164,8 +168,39 @@ class Vocabulary(Transform):
             )
         return t
 
+    def _check_vocab(self, value_type: pa.DataType) -> None:
+        """Raises a SpecError unless every vocab value is of ``value_type``'s kind
+        (``str`` for a string column, ``int`` in range for an integer one).
+
+        YAML reads ``yes``/``no`` as booleans and ``02139``-like codes as
+        numbers, which can never equal a string value; the check names both types.
+        """
+        if not self.vocab:
+            return
+        is_str = pa.types.is_string(value_type) or pa.types.is_large_string(value_type)
+        want, kind = (str, "string") if is_str else ((int, np.integer), "integer")
+        bad = next((v for v in self.vocab if isinstance(v, bool) or not isinstance(v, want)), None)
+        col = printable(self.column, 200)
+        if bad is not None:
+            advice = ("in YAML, quote them (vocab: ['yes', 'no', '02139'])" if is_str
+                      else "in YAML, leave them unquoted (vocab: [3, 7]), or cast the column to string first")
+            raise self._spec_error(
+                f"vocab for column {col!r} ({value_type}) holds {type(bad).__name__} values "
+                f"(first: {short_repr(bad)}); a{'n' * (not is_str)} {kind} column needs {kind} values: {advice}"
+            )
+        if not is_str:
+            info = np.iinfo(value_type.to_pandas_dtype())
+            out = next((v for v in self.vocab if not info.min <= v <= info.max), None)
+            if out is not None:
+                raise self._spec_error(
+                    f"vocab value {short_repr(out)} does not fit column {col!r} ({value_type}), so it "
+                    f"can never match: remove it, or cast the column to a wider integer type first"
+                )
+
     def output_schema(self, schema: pa.Schema) -> pa.Schema:
         t = self._value_type(schema)
+        if self.vocab is not None:
+            self._check_vocab(t.value_type if list_like(t) else t)
         out_t = with_value_type(t, pa.int32()) if list_like(t) else pa.int32()
         f = pa.field(self.output or self.column, out_t)
         if f.name in schema.names:
@@ -226,7 +261,13 @@ class Vocabulary(Transform):
             col = col.combine_chunks()
         is_list = list_like(col.type)
         vals = _flat(col) if is_list else col
-        vset = pa.array(list(self.vocab), type=vals.type) if self.vocab else pa.array([], vals.type)  # type: ignore[arg-type]
+        try:
+            vset = pa.array(list(self.vocab), type=vals.type)  # type: ignore[arg-type]
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):
+            # The schema check refuses such a vocab; named here too for a
+            # caller that applies the transform without it.
+            self._check_vocab(vals.type)
+            raise
         idx = pc.index_in(vals, value_set=vset)
         ids = pc.if_else(
             pc.is_valid(vals),

@@ -262,3 +262,30 @@ def test_vocabulary_ids_must_fit_int32():
     ok = Vocabulary("c", vocab=["a", "b"], first_id=2**31 - 2, oov_id=-(2**31))
     assert ok(pa.table({"c": ["a", "b", "z"]})).column("c").to_pylist() == [2**31 - 2, 2**31 - 1, -(2**31)]
 
+
+def test_vocabulary_values_of_the_wrong_type_are_refused_before_any_batch():
+    import yaml
+
+    t = pa.table({"answer": ["yes", "no", None]})
+    v = transform_from_spec(yaml.safe_load("vocabulary: {column: answer, vocab: [yes, no]}"))
+    msg = (r"Vocabulary: vocab for column 'answer' \(string\) holds bool values \(first: True\); a string "
+           r"column needs string values: in YAML, quote them \(vocab: \['yes', 'no', '02139'\]\)")
+    with pytest.raises(SpecError, match=msg):
+        v.output_schema(t.schema)
+    with pytest.raises(SpecError, match=msg):
+        apply_transforms(t, [v])
+    z = pa.table({"zip": ["02139", "10001"]})
+    with pytest.raises(SpecError, match=r"Vocabulary: vocab for column 'zip' \(string\) holds int values \(first: 2139\)"):
+        transform_from_spec({"vocabulary": {"column": "zip", "vocab": ["10001", 2139]}}).output_schema(z.schema)
+    n = pa.table({"n": pa.array([1, 2], pa.int32()), "tags": [["a"], ["b"]]})
+    with pytest.raises(SpecError, match=r"Vocabulary: vocab for column 'n' \(int32\) holds str values \(first: '1'\); an integer column needs integer values"):
+        Vocabulary("n", vocab=["1"]).output_schema(n.schema)
+    with pytest.raises(SpecError, match=r"Vocabulary: vocab for column 'n' \(int32\) holds bool values \(first: True\)"):
+        Vocabulary("n", vocab=[True]).output_schema(n.schema)
+    with pytest.raises(SpecError, match=r"Vocabulary: vocab value 3000000000 does not fit column 'n' \(int32\)"):
+        Vocabulary("n", vocab=[1, 3_000_000_000]).output_schema(n.schema)
+    with pytest.raises(SpecError, match=r"Vocabulary: vocab for column 'tags' \(string\) holds int values \(first: 7\)"):
+        Vocabulary("tags", vocab=[7]).output_schema(n.schema)
+    assert Vocabulary("tags", vocab=["b"])(n).column("tags").to_pylist() == [[0], [1]]
+
+
