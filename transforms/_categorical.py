@@ -32,7 +32,8 @@ class HashBucket(Transform):
     """Maps values to ``num_buckets`` buckets with a stable hash (int32 ids).
 
     Args:
-        column: String, binary, integer, float, boolean or temporal column.
+        column: String, binary, integer, float, boolean or temporal (date,
+            time, timestamp, duration; not interval) column.
         num_buckets: Number of buckets.
         output: Output column (default: replace ``column``).
         salt: Mixed into the hash (different salts give independent bucketings).
@@ -56,7 +57,7 @@ class HashBucket(Transform):
         ):
             raise self._spec_error(
                 f"column {self.column!r} has type {t}; expected string, binary, integer, "
-                "float, boolean or temporal values"
+                "float, boolean, date, time, timestamp or duration values"
             )
         f = pa.field(self.output or self.column, pa.int32())
         if f.name in schema.names:
@@ -86,7 +87,7 @@ def is_hashable(t: pa.DataType) -> bool:
         or pa.types.is_integer(t)
         or pa.types.is_floating(t)
         or pa.types.is_boolean(t)
-        or pa.types.is_temporal(t)
+        or (pa.types.is_temporal(t) and not pa.types.is_interval(t))
     )
 
 

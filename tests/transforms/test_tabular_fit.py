@@ -289,3 +289,35 @@ def test_vocabulary_values_of_the_wrong_type_are_refused_before_any_batch():
     assert Vocabulary("tags", vocab=["b"])(n).column("tags").to_pylist() == [[0], [1]]
 
 
+
+def test_hash_of_dates_times_and_large_unsigned():
+    import datetime
+
+    d = pa.array([datetime.date(2020, 1, 1), None, datetime.date(2020, 1, 2), datetime.date(2020, 1, 1)])
+    t = pa.table({"d": d, "t": pa.array([1, 2, None, 1], pa.time32("s")),
+                  "u": pa.array([2**63 + 1, 5, None, 2**63 + 1], pa.uint64())})
+    out = apply_transforms(t, [transform_from_spec({"hash_bucket": {"column": c, "num_buckets": 1000,
+                                                                    "output": f"{c}_b"}}) for c in "dtu"])
+    for c in "dtu":
+        b = out.column(f"{c}_b").to_pylist()
+        assert b[0] == b[3] and b[0] != b[1 if c != "t" else 2]
+        h = hash64(t.column(c))
+        np.testing.assert_array_equal(hash64(pa.chunked_array([t.column(c).chunk(0).slice(1), ])), h[1:])
+    # Unsigned values below 2^63 keep the hash they had as signed integers.
+    assert hash64(pa.array([5, 2**62], pa.uint64())).tolist() == hash64(pa.array([5, 2**62], pa.int64())).tolist()
+    assert len(set(hash64(pa.array([1, 2**63 + 1, 2**64 - 1], pa.uint64())).tolist())) == 3
+    with pytest.raises(SpecError, match=r"HashBucket: column 'i' has type month_day_nano_interval; expected"):
+        HashBucket("i", 4).output_schema(pa.schema([("i", pa.month_day_nano_interval())]))
+
+
+@pytest.mark.slow
+def test_deduplicate_dataset_op_on_dates_and_large_unsigned(ray_cluster):
+    import datetime
+
+    import ray
+
+    d1, d2 = datetime.date(2020, 1, 1), datetime.date(2021, 6, 30)
+    t = pa.table({"d": [d1, d2, d1, None, None], "u": pa.array([2**63 + 1, 1, 2**63 + 1, 7, 7], pa.uint64()),
+                  PROVENANCE_FILE: ["f"] * 5, PROVENANCE_ROW: pa.array(range(5), pa.int64())})
+    out = pa.concat_tables(ray.get(Deduplicate(["d", "u"]).dataset_op(_blocks(ray, t, 2)).to_arrow_refs()))
+    assert sorted(out.column(PROVENANCE_ROW).to_pylist()) == [0, 1, 3]
