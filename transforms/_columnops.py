@@ -289,8 +289,9 @@ class FillNull(Transform):
         for c, v in self.values.items():
             t = self._require(schema, c, arg="values")
             try:
-                pa.scalar(v).cast(t)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, TypeError):
+                _fill_scalar(v, t)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, TypeError,
+                    OverflowError):
                 raise self._spec_error(
                     f"fill value {v!r} for column {c!r} cannot be cast to the column type {t}"
                 ) from None
@@ -300,5 +301,13 @@ class FillNull(Transform):
         for c, v in self.values.items():
             i = table.column_names.index(c)
             col = table.column(i)
-            table = table.set_column(i, table.schema.field(i), col.fill_null(pa.scalar(v).cast(col.type)))
+            table = table.set_column(i, table.schema.field(i), col.fill_null(_fill_scalar(v, col.type)))
         return table
+
+
+def _fill_scalar(value: Any, t: pa.DataType) -> pa.Scalar:
+    """``value`` cast (checked) to ``t``. An int beyond int64, which Arrow's
+    type inference cannot hold, starts as uint64 (it fits a uint64 column)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 2**63 - 1:
+        return pa.scalar(value, pa.uint64()).cast(t)
+    return pa.scalar(value).cast(t)

@@ -321,3 +321,15 @@ def test_deduplicate_dataset_op_on_dates_and_large_unsigned(ray_cluster):
                   PROVENANCE_FILE: ["f"] * 5, PROVENANCE_ROW: pa.array(range(5), pa.int64())})
     out = pa.concat_tables(ray.get(Deduplicate(["d", "u"]).dataset_op(_blocks(ray, t, 2)).to_arrow_refs()))
     assert sorted(out.column(PROVENANCE_ROW).to_pylist()) == [0, 1, 3]
+
+
+def test_fill_null_uint64_beyond_int64():
+    t = pa.table({"u": pa.array([1, None], pa.uint64())})
+    f = transform_from_spec({"fill_null": {"values": {"u": 2**64 - 1}}})
+    f.output_schema(t.schema)
+    assert apply_transforms(t, [f]).column("u").to_pylist() == [1, 2**64 - 1]
+    with pytest.raises(SpecError, match=r"FillNull: fill value 18446744073709551616 for column 'u' cannot be cast"):
+        transform_from_spec({"fill_null": {"values": {"u": 2**64}}}).output_schema(t.schema)
+    with pytest.raises(SpecError, match=r"FillNull: fill value -1 for column 'u' cannot be cast"):
+        transform_from_spec({"fill_null": {"values": {"u": -1}}}).output_schema(t.schema)
+
