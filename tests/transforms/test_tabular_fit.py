@@ -323,6 +323,23 @@ def test_deduplicate_dataset_op_on_dates_and_large_unsigned(ray_cluster):
     assert sorted(out.column(PROVENANCE_ROW).to_pylist()) == [0, 1, 3]
 
 
+@pytest.mark.slow
+def test_deduplicate_key_columns_named_like_its_own(ray_cluster):
+    import ray
+
+    t = pa.table({"__sf_idx": [1, 1, 2], "idx_min": ["a", "a", "a"],
+                  PROVENANCE_FILE: ["f"] * 3, PROVENANCE_ROW: pa.array([0, 1, 2], pa.int64())})
+    spec = {"deduplicate": {"columns": ["__sf_idx", "idx_min"]}}
+    assert apply_transforms(t, [transform_from_spec(spec)]).column(PROVENANCE_ROW).to_pylist() == [0, 2]
+    out = pa.concat_tables(ray.get(transform_from_spec(spec).dataset_op(_blocks(ray, t, 2)).to_arrow_refs()))
+    assert sorted(out.column(PROVENANCE_ROW).to_pylist()) == [0, 2]
+    assert out.column_names == t.column_names
+    # The dataset operation's own hash column: refused by name before Ray runs.
+    clash = t.append_column("__sf_key", pa.array([0, 0, 0]))
+    with pytest.raises(SpecError, match=r"Deduplicate: the data has a column named '__sf_key'.*rename"):
+        transform_from_spec(spec).output_schema(clash.schema)
+
+
 def test_fill_null_uint64_beyond_int64():
     t = pa.table({"u": pa.array([1, None], pa.uint64())})
     f = transform_from_spec({"fill_null": {"values": {"u": 2**64 - 1}}})
@@ -333,3 +350,12 @@ def test_fill_null_uint64_beyond_int64():
     with pytest.raises(SpecError, match=r"FillNull: fill value -1 for column 'u' cannot be cast"):
         transform_from_spec({"fill_null": {"values": {"u": -1}}}).output_schema(t.schema)
 
+
+def test_deduplicate_treats_zero_and_negative_zero_as_one_key():
+    t = pa.table({"x": [0.0, -0.0, 1.0, -0.0], PROVENANCE_FILE: ["f"] * 4,
+                  PROVENANCE_ROW: pa.array([1, 0, 2, 3], pa.int64())})
+    out = apply_transforms(t, [transform_from_spec({"deduplicate": {"columns": ["x"]}})])
+    # The survivor is the smallest (file, row), with its own value (-0.0 here).
+    assert out.column(PROVENANCE_ROW).to_pylist() == [0, 2]
+    assert np.signbit(out.column("x").to_numpy()).tolist() == [True, False]
+    assert hash64(pa.array([0.0])).tolist() == hash64(pa.array([-0.0])).tolist()
