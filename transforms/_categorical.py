@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from slicefeed.connectors import printable, short_repr
 from slicefeed.transforms._arrays import (
     fixed_values,
     is_tensor,
@@ -23,13 +24,16 @@ from slicefeed.transforms._hashing import hash64
 if TYPE_CHECKING:  # pragma: no cover
     import ray.data
 
+_I32_MIN, _I32_MAX = -(2**31), 2**31 - 1
+
 
 @dataclasses.dataclass(frozen=True)
 class HashBucket(Transform):
     """Maps values to ``num_buckets`` buckets with a stable hash (int32 ids).
 
     Args:
-        column: String, binary, integer, float, boolean or temporal column.
+        column: String, binary, integer, float, boolean or temporal (date,
+            time, timestamp, duration; not interval) column.
         num_buckets: Number of buckets.
         output: Output column (default: replace ``column``).
         salt: Mixed into the hash (different salts give independent bucketings).
@@ -53,7 +57,7 @@ class HashBucket(Transform):
         ):
             raise self._spec_error(
                 f"column {self.column!r} has type {t}; expected string, binary, integer, "
-                "float, boolean or temporal values"
+                "float, boolean, date, time, timestamp or duration values"
             )
         f = pa.field(self.output or self.column, pa.int32())
         if f.name in schema.names:
@@ -83,7 +87,7 @@ def is_hashable(t: pa.DataType) -> bool:
         or pa.types.is_integer(t)
         or pa.types.is_floating(t)
         or pa.types.is_boolean(t)
-        or pa.types.is_temporal(t)
+        or (pa.types.is_temporal(t) and not pa.types.is_interval(t))
     )
 
 
@@ -102,9 +106,14 @@ class Vocabulary(Transform):
         top_k: Vocabulary size limit (None: all values).
         min_count: Minimum number of occurrences.
         oov_id: Id for out-of-vocabulary values.
-        first_id: Id of the most frequent value.
+        first_id: Id of the most frequent value. Every id (``oov_id`` and
+            ``first_id .. first_id + len(vocab) - 1``) must fit int32.
         output: Output column (default: replace ``column``).
         vocab: The vocabulary (fitted; give it in the spec to skip fitting).
+            Its values must have the column's kind: strings for a string
+            column (quote ``yes``, ``no`` and codes like ``02139`` in YAML),
+            integers in the column type's range for an integer column; the
+            schema check refuses others.
     """
 
     name: ClassVar[str] = "vocabulary"
@@ -120,10 +129,26 @@ class Vocabulary(Transform):
     def __post_init__(self) -> None:
         if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1):
             raise self._spec_error(f"top_k must be a positive integer; got {self.top_k!r}")
+        # Ids are int32: an id outside its range would wrap in Arrow's add and
+        # could equal oov_id or another value's id.
+        for arg in ("first_id", "oov_id"):
+            v = getattr(self, arg)
+            if isinstance(v, bool) or not isinstance(v, int) or not _I32_MIN <= v <= _I32_MAX:
+                raise self._spec_error(
+                    f"{arg} {short_repr(v)} does not fit int32 (the id type): give an integer in "
+                    f"[{_I32_MIN}, {_I32_MAX}]"
+                )
         if self.vocab is not None:
             object.__setattr__(self, "vocab", tuple(self.vocab))
             if len(set(self.vocab)) != len(self.vocab):
                 raise self._spec_error("vocab contains duplicates")
+            last = self.first_id + len(self.vocab) - 1
+            if last > _I32_MAX:
+                raise self._spec_error(
+                    f"first_id {self.first_id} with {len(self.vocab)} vocab values gives ids up to "
+                    f"{last}, beyond int32 (the id type, at most {_I32_MAX}): lower first_id "
+                    f"(or top_k)"
+                )
             if self.first_id <= self.oov_id < self.first_id + len(self.vocab):
                 raise self._spec_error(
                     f"oov_id {self.oov_id} collides with the vocabulary ids "
@@ -144,8 +169,39 @@ class Vocabulary(Transform):
             )
         return t
 
+    def _check_vocab(self, value_type: pa.DataType) -> None:
+        """Raises a SpecError unless every vocab value is of ``value_type``'s kind
+        (``str`` for a string column, ``int`` in range for an integer one).
+
+        YAML reads ``yes``/``no`` as booleans and ``02139``-like codes as
+        numbers, which can never equal a string value; the check names both types.
+        """
+        if not self.vocab:
+            return
+        is_str = pa.types.is_string(value_type) or pa.types.is_large_string(value_type)
+        want, kind = (str, "string") if is_str else ((int, np.integer), "integer")
+        bad = next((v for v in self.vocab if isinstance(v, bool) or not isinstance(v, want)), None)
+        col = printable(self.column, 200)
+        if bad is not None:
+            advice = ("in YAML, quote them (vocab: ['yes', 'no', '02139'])" if is_str
+                      else "in YAML, leave them unquoted (vocab: [3, 7]), or cast the column to string first")
+            raise self._spec_error(
+                f"vocab for column {col!r} ({value_type}) holds {type(bad).__name__} values "
+                f"(first: {short_repr(bad)}); a{'n' * (not is_str)} {kind} column needs {kind} values: {advice}"
+            )
+        if not is_str:
+            info = np.iinfo(value_type.to_pandas_dtype())
+            out = next((v for v in self.vocab if not info.min <= v <= info.max), None)
+            if out is not None:
+                raise self._spec_error(
+                    f"vocab value {short_repr(out)} does not fit column {col!r} ({value_type}), so it "
+                    f"can never match: remove it, or cast the column to a wider integer type first"
+                )
+
     def output_schema(self, schema: pa.Schema) -> pa.Schema:
         t = self._value_type(schema)
+        if self.vocab is not None:
+            self._check_vocab(t.value_type if list_like(t) else t)
         out_t = with_value_type(t, pa.int32()) if list_like(t) else pa.int32()
         f = pa.field(self.output or self.column, out_t)
         if f.name in schema.names:
@@ -206,7 +262,13 @@ class Vocabulary(Transform):
             col = col.combine_chunks()
         is_list = list_like(col.type)
         vals = _flat(col) if is_list else col
-        vset = pa.array(list(self.vocab), type=vals.type) if self.vocab else pa.array([], vals.type)  # type: ignore[arg-type]
+        try:
+            vset = pa.array(list(self.vocab), type=vals.type)  # type: ignore[arg-type]
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):
+            # The schema check refuses such a vocab; named here too for a
+            # caller that applies the transform without it.
+            self._check_vocab(vals.type)
+            raise
         idx = pc.index_in(vals, value_set=vset)
         ids = pc.if_else(
             pc.is_valid(vals),

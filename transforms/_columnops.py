@@ -396,7 +396,10 @@ class FillNull(Transform):
         """
         v = self.values[c]
         try:
-            given = pa.scalar(v)
+            # An int beyond int64, which Arrow's type inference cannot hold,
+            # starts as uint64 (it fits a uint64 column).
+            big = isinstance(v, int) and not isinstance(v, bool) and v > 2**63 - 1
+            given = pa.scalar(v, pa.uint64()) if big else pa.scalar(v)
             out = given.cast(t)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, TypeError,
                 OverflowError):
@@ -422,3 +425,4 @@ class FillNull(Transform):
             col = table.column(i)
             table = table.set_column(i, table.schema.field(i), col.fill_null(self._fill_value(c, col.type)))
         return table
+

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from slicefeed.connectors import PROVENANCE_FILE, PROVENANCE_ROW, RESERVED_COLUMNS
 from slicefeed.transforms._categorical import is_hashable
@@ -16,6 +17,11 @@ from slicefeed.transforms._hashing import hash64, mix64
 
 if TYPE_CHECKING:  # pragma: no cover
     import ray.data
+
+
+#: The column :meth:`Deduplicate.dataset_op` groups by (a data column may not
+#: have this name; key columns may have any other).
+_HASH_COLUMN = "__sf_key"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,7 +34,8 @@ class Deduplicate(Transform):
     row with the smallest (``_sf_file``, ``_sf_row``), so the survivor does not
     depend on scheduling. Rows come out grouped by key. Called on a table
     (``t(table)``), it deduplicates within that table only. Nulls are equal to
-    each other for this purpose.
+    each other for this purpose, and so are 0.0 and -0.0; NaN keys are equal
+    when their bits are (every NaN arithmetic produces is the same one).
 
     Args:
         columns: Key columns (strings, binary, numbers, booleans, dates).
@@ -47,7 +54,15 @@ class Deduplicate(Transform):
             return list(self.columns)
         return [n for n in names if n not in RESERVED_COLUMNS]
 
+    def _refuse_hash_column(self, names: Sequence[str]) -> None:
+        if _HASH_COLUMN in names:
+            raise self._spec_error(
+                f"the data has a column named {_HASH_COLUMN!r}, the name deduplicate gives its key "
+                f"hash while it runs; rename that column first (a rename step)"
+            )
+
     def output_schema(self, schema: pa.Schema) -> pa.Schema:
+        self._refuse_hash_column(schema.names)
         for c in self._keys(schema.names):
             t = self._require(schema, c, arg="columns")
             if not is_hashable(t):
@@ -72,25 +87,33 @@ class Deduplicate(Transform):
         order = self._order(table)
         if order:
             table = table.sort_by(order)
-        # Exact: group by the key columns themselves; first row per key in order.
-        idx = pa.array(np.arange(table.num_rows, dtype=np.int64))
-        tmp = table.select(keys).append_column("__sf_idx", idx)
-        firsts = tmp.group_by(keys, use_threads=False).aggregate([("__sf_idx", "min")])
-        keep = np.sort(firsts.column("__sf_idx_min").to_numpy())
+        # Exact: group by the key columns themselves (positional names, so a
+        # key may have any name); first row per key in order. Float keys
+        # compare as numbers: -0.0 and 0.0 are one key, as in hash64 (the
+        # survivor keeps its own value).
+        cols = [pc.add(table.column(k), 0.0) if pa.types.is_floating(table.schema.field(k).type)
+                else table.column(k) for k in keys]
+        names = [f"k{i}" for i in range(len(keys))]
+        tmp = pa.table([*cols, pa.array(np.arange(table.num_rows, dtype=np.int64))], names=[*names, "idx"])
+        firsts = tmp.group_by(names, use_threads=False).aggregate([("idx", "min")])
+        keep = np.sort(firsts.column("idx_min").to_numpy())
         return table.take(pa.array(keep))
 
     def dataset_op(self, ds: ray.data.Dataset, *, tasks: DatasetTasks | None = None
                    ) -> ray.data.Dataset:
         tasks = tasks or DatasetTasks()
         keys_hash = self._key_hash
+        key = _HASH_COLUMN
+        refuse = self._refuse_hash_column
 
         def add_key(batch: pa.Table) -> pa.Table:
-            return batch.append_column("__sf_key", keys_hash(batch))
+            refuse(batch.column_names)
+            return batch.append_column(key, keys_hash(batch))
 
         dedup = self
 
         def per_group(group: pa.Table) -> pa.Table:
-            return dedup(group.drop_columns(["__sf_key"]))
+            return dedup(group.drop_columns([key]))
 
         # Group by a 64-bit hash of the keys (one scalar, nulls allowed); exact
         # comparison of the real key columns happens within each group.

@@ -108,8 +108,11 @@ def hash64(arr: pa.Array | pa.ChunkedArray, *, salt: str = "") -> np.ndarray:
 
     Strings/binary: a polynomial hash over the bytes (one ``np.add.reduceat``
     over the values buffer) finalised with splitmix64; integers, floats,
-    booleans and dates: splitmix64 of their bit pattern. Stable across
-    processes and runs (never Python's ``hash``).
+    booleans, dates, times, timestamps and durations: splitmix64 of the
+    value as a 64-bit integer (its storage integer for temporal types; a
+    uint64 by its bit pattern). Stable across processes and runs (never
+    Python's ``hash``), and independent of chunking and slicing. Interval
+    types are not hashable (see ``is_hashable``).
     """
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
@@ -143,7 +146,14 @@ def hash64(arr: pa.Array | pa.ChunkedArray, *, salt: str = "") -> np.ndarray:
             elif pa.types.is_floating(t):
                 f = arr.cast(pa.float64()).fill_null(0).to_numpy()
                 bits = (f + 0.0).view(np.uint64)  # -0.0 and 0.0 hash alike
-            elif pa.types.is_integer(t) or pa.types.is_temporal(t):
+            elif pa.types.is_uint64(t):
+                # The bit pattern itself: equal to the int64 route below for
+                # values under 2^63, and defined for the values above it.
+                bits = arr.fill_null(0).to_numpy().astype(np.uint64, copy=False)
+            elif pa.types.is_integer(t) or (pa.types.is_temporal(t) and not pa.types.is_interval(t)):
+                if pa.types.is_temporal(t) and t.bit_width == 32:
+                    # date32 / time32 cast to int64 only through their storage type.
+                    arr = arr.cast(pa.int32())
                 bits = arr.cast(pa.int64()).fill_null(0).to_numpy().view(np.uint64)
             else:
                 raise TypeError(f"cannot hash values of type {t}")

@@ -2,38 +2,43 @@
 
 Both are a :class:`_FittedScaler`: numeric columns in, float columns out,
 ``y = (x - offset) / scale`` per column, with the two per-column statistics
-either given in the spec or computed by one Ray aggregation in :meth:`fit`.
-A subclass names its two statistics and says how to aggregate them.
+either given in the spec or computed by one Ray aggregation in :meth:`fit`
+(:class:`._moments.ColumnSummary` per column). A subclass names its two
+statistics and picks them from that summary.
+
+Fitting follows the convention of common scalers: nulls and NaN are missing
+values, skipped by the fit and left null / NaN by the transform; an infinity
+is refused by name (no finite statistic exists), never replaced.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from slicefeed.connectors import printable
 from slicefeed.transforms._contract import Transform
 
 if TYPE_CHECKING:  # pragma: no cover
     import ray.data
 
 
+def as_float64(col: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """A numeric column as float64. Integers beyond 2^53 round to the nearest
+    float64 (53 significant bits, as any float result must); no integer
+    overflows float64, so the unchecked cast only rounds, never wraps."""
+    if pa.types.is_float64(col.type):
+        return col
+    return pc.cast(col, pa.float64(), safe=not pa.types.is_integer(col.type))
+
+
 def _float_type(owner: Transform, dtype: str) -> pa.DataType:
     if dtype not in ("float32", "float64"):
         raise owner._spec_error(f"dtype must be float32 or float64; got {dtype!r}")
     return pa.float32() if dtype == "float32" else pa.float64()
-
-
-def _finite(v: Any, default: float) -> float:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return default
-    return f if np.isfinite(f) else default
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,8 +80,9 @@ class _FittedScaler(Transform):
             schema = schema.set(schema.get_field_index(c), pa.field(c, t))
         return schema
 
-    def _aggregations(self, column: str) -> Sequence[Any]:
-        """Ray aggregations for ``column``, aliased ``f"{stat}/{column}"`` per stat."""
+    def _fitted(self, summary: dict[str, Any]) -> tuple[float, float]:
+        """The two statistics of one column from its :class:`ColumnSummary` result
+        (finite values only; there is at least one)."""
         raise NotImplementedError
 
     def _offset_scale(self, column: str) -> tuple[float, float]:
@@ -84,11 +90,35 @@ class _FittedScaler(Transform):
         raise NotImplementedError
 
     def fit(self, ds: ray.data.Dataset) -> _FittedScaler:
-        aggs: list[Any] = []
+        """Returns a copy holding both statistics of every column, from one Ray
+        aggregation over ``ds``.
+
+        Nulls and NaN are missing values: skipped. A column with no finite
+        value fits 0 for both statistics (its outputs are all null or NaN).
+
+        Raises:
+            SpecError: a column holds +inf or -inf, which has no finite
+                statistic; naming the column and the count.
+        """
+        from slicefeed.transforms._moments import ColumnSummary
+
+        r = ds.aggregate(*(ColumnSummary(c, alias_name=f"summary/{c}") for c in self.columns))
+        fitted: dict[str, dict[str, float]] = {k: {} for k in self.STATS}
         for c in self.columns:
-            aggs += self._aggregations(c)
-        r = ds.aggregate(*aggs)
-        fitted = {k: {c: _finite(r[f"{k}/{c}"], 0.0) for c in self.columns} for k in self.STATS}
+            s = r.get(f"summary/{c}") or {"count": 0, "posinf": 0, "neginf": 0}
+            inf = int(s["posinf"] or 0) + int(s["neginf"] or 0)
+            if inf:
+                a, b = self.STATS
+                raise self._spec_error(
+                    f"column {printable(c, 200)!r} holds {inf} infinite value{'s' * (inf != 1)} "
+                    f"(+inf: {s['posinf']}, -inf: {s['neginf']}); its {a} and {b} are undefined. "
+                    f"Drop those rows first with a filter step (expr: "
+                    f"\"{printable(c, 200)} > -1e308 and {printable(c, 200)} < 1e308\"), "
+                    f"or give {a} and {b} in the spec."
+                )
+            pair = self._fitted(s) if s["count"] else (0.0, 0.0)
+            for k, v in zip(self.STATS, pair):
+                fitted[k][c] = float(v)
         return dataclasses.replace(self, **fitted)
 
     def stats(self) -> dict[str, Any]:
@@ -102,7 +132,7 @@ class _FittedScaler(Transform):
         for c in self.columns:
             i = table.column_names.index(c)
             offset, scale = self._offset_scale(c)
-            x = pc.cast(table.column(i), pa.float64())
+            x = as_float64(table.column(i))
             y = pc.divide(pc.subtract(x, offset), scale or 1.0)
             table = table.set_column(i, pa.field(c, t), pc.cast(y, t))
         return table
@@ -112,10 +142,13 @@ class _FittedScaler(Transform):
 class Standardize(_FittedScaler):
     """``(x - mean) / std`` per column, with statistics fitted over the whole dataset.
 
-    :meth:`fit` runs one Ray aggregation (``Mean``, ``Std`` with ddof=0; nulls
-    ignored) and returns a copy holding ``mean`` and ``std``; give them in the
-    spec to skip fitting. A constant column (std 0) maps to 0. Nulls stay null
-    (put :class:`FillNull` first to replace them).
+    :meth:`fit` runs one Ray aggregation (mean and std with ddof=0 of the
+    finite values; nulls and NaN skipped, +-inf refused with a SpecError) and
+    returns a copy holding ``mean`` and ``std``; give them in the spec to skip
+    fitting. A constant column (min == max) fits std 0 exactly and maps to 0.
+    Nulls stay null and NaN stays NaN (put :class:`FillNull` first to replace
+    nulls). Integer columns are scaled as float64 (beyond 2^53 that rounds to
+    53 significant bits).
 
     Args:
         columns: Numeric columns.
@@ -128,10 +161,8 @@ class Standardize(_FittedScaler):
     mean: dict[str, float] | None = None
     std: dict[str, float] | None = None
 
-    def _aggregations(self, column: str) -> Sequence[Any]:
-        from ray.data.aggregate import Mean, Std
-
-        return [Mean(column, alias_name=f"mean/{column}"), Std(column, ddof=0, alias_name=f"std/{column}")]
+    def _fitted(self, summary: dict[str, Any]) -> tuple[float, float]:
+        return summary["mean"], summary["std"]
 
     def _offset_scale(self, column: str) -> tuple[float, float]:
         return self.mean[column], self.std[column]  # type: ignore[index]
@@ -141,8 +172,9 @@ class Standardize(_FittedScaler):
 class MinMaxScale(_FittedScaler):
     """``(x - min) / (max - min)`` per column into [0, 1], fitted over the dataset.
 
-    :meth:`fit` runs one Ray aggregation (``Min``, ``Max``). A constant column
-    maps to 0. Nulls stay null.
+    :meth:`fit` runs one Ray aggregation (min and max of the finite values;
+    nulls and NaN skipped, +-inf refused with a SpecError). A constant column
+    maps to 0. Nulls stay null and NaN stays NaN.
 
     Args:
         columns: Numeric columns.
@@ -155,10 +187,8 @@ class MinMaxScale(_FittedScaler):
     min: dict[str, float] | None = None
     max: dict[str, float] | None = None
 
-    def _aggregations(self, column: str) -> Sequence[Any]:
-        from ray.data.aggregate import Max, Min
-
-        return [Min(column, alias_name=f"min/{column}"), Max(column, alias_name=f"max/{column}")]
+    def _fitted(self, summary: dict[str, Any]) -> tuple[float, float]:
+        return summary["min"], summary["max"]
 
     def _offset_scale(self, column: str) -> tuple[float, float]:
         lo, hi = self.min[column], self.max[column]  # type: ignore[index]

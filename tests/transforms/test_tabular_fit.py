@@ -215,3 +215,163 @@ def test_deduplicate_dataset_op(ray_cluster):
         Deduplicate(["tags"]).output_schema(_table().schema)
     with pytest.raises(SpecError, match=r"Deduplicate: column 'txt' not found; available: text, n"):
         Deduplicate(["txt"]).output_schema(_dups().schema)
+
+
+def _blocks(ray, table: pa.Table, n: int):
+    """A Ray dataset of ``table`` cut into ``n`` blocks."""
+    k = -(-table.num_rows // n)
+    return ray.data.from_arrow([table.slice(i, k) for i in range(0, table.num_rows, k)])
+
+
+@pytest.mark.slow
+def test_scaling_fit_ignores_nan_and_refuses_infinity(ray_cluster):
+    import ray
+
+    nan, inf = float("nan"), float("inf")
+    ds = _blocks(ray, pa.table({"x": [1.0, 2.0, nan, 3.0]}), 2)
+    # NaN is missing, like null: skipped by the fit, NaN in the output.
+    s = transform_from_spec({"standardize": {"columns": ["x"], "dtype": "float64"}}).fit(ds)
+    assert s.mean == {"x": 2.0} and s.std["x"] == pytest.approx((2 / 3) ** 0.5)
+    out = s(pa.table({"x": [1.0, 2.0, 3.0, nan]})).column("x").to_pylist()
+    assert out[:3] == pytest.approx([-(1.5**0.5), 0.0, 1.5**0.5]) and np.isnan(out[3])
+    m = transform_from_spec({"min_max_scale": {"columns": ["x"]}}).fit(ds)
+    assert m.min == {"x": 1.0} and m.max == {"x": 3.0}
+    # An infinity has no mean, std, min or max to fit: a named error, never a 0.
+    for vals in ([1.0, 2.0, 3.0, inf], [-inf, 1.0, 2.0, 3.0]):
+        bad = _blocks(ray, pa.table({"ok": [1.0] * 4, "x": vals}), 2)
+        for name, label in (("standardize", "Standardize"), ("min_max_scale", "MinMaxScale")):
+            t = transform_from_spec({name: {"columns": ["ok", "x"]}})
+            with pytest.raises(SpecError, match=rf"{label}: column 'x' holds 1 infinite value.*filter"):
+                t.fit(bad)
+
+
+@pytest.mark.slow
+def test_standardize_constant_column_maps_to_zero(ray_cluster):
+    import ray
+
+    for value, n, nblocks in ((0.1, 1000, 7), (1e10 + 0.1, 999, 3)):
+        t = pa.table({"x": [value] * n})
+        f = Standardize(["x"], dtype="float64").fit(_blocks(ray, t, nblocks))
+        assert f.stats() == {"mean": {"x": value}, "std": {"x": 0.0}}
+        assert set(f(t).column("x").to_pylist()) == {0.0}
+
+
+def test_scaling_of_integers_beyond_float_precision():
+    ns = [1_700_000_000_000_000_000, 1_700_000_000_000_000_512, None]
+    t = pa.table({"ts": pa.array(ns, pa.int64()), "u": pa.array([2**64 - 1, 0, None], pa.uint64())})
+    s = transform_from_spec({"standardize": {"columns": ["ts"], "dtype": "float64",
+                                             "mean": {"ts": 1.7e18}, "std": {"ts": 512.0}}})
+    assert apply_transforms(t, [s]).column("ts").to_pylist() == [0.0, 1.0, None]
+    m = transform_from_spec({"min_max_scale": {"columns": ["u"], "min": {"u": 0}, "max": {"u": 2.0**64}}})
+    assert apply_transforms(t, [m]).column("u").to_pylist() == [1.0, 0.0, None]
+
+
+def test_vocabulary_ids_must_fit_int32():
+    with pytest.raises(SpecError, match=r"Vocabulary: first_id 2147483647 with 2 vocab values gives ids up to "
+                                        r"2147483648, beyond int32"):
+        transform_from_spec({"vocabulary": {"column": "c", "vocab": ["a", "b"], "first_id": 2**31 - 1,
+                                            "oov_id": -(2**31)}})
+    with pytest.raises(SpecError, match=r"Vocabulary: oov_id 2147483648 does not fit int32"):
+        Vocabulary("c", vocab=["a"], oov_id=2**31)
+    with pytest.raises(SpecError, match=r"Vocabulary: first_id -2147483649 does not fit int32"):
+        Vocabulary("c", first_id=-(2**31) - 1)
+    ok = Vocabulary("c", vocab=["a", "b"], first_id=2**31 - 2, oov_id=-(2**31))
+    assert ok(pa.table({"c": ["a", "b", "z"]})).column("c").to_pylist() == [2**31 - 2, 2**31 - 1, -(2**31)]
+
+
+def test_vocabulary_values_of_the_wrong_type_are_refused_before_any_batch():
+    import yaml
+
+    t = pa.table({"answer": ["yes", "no", None]})
+    v = transform_from_spec(yaml.safe_load("vocabulary: {column: answer, vocab: [yes, no]}"))
+    msg = (r"Vocabulary: vocab for column 'answer' \(string\) holds bool values \(first: True\); a string "
+           r"column needs string values: in YAML, quote them \(vocab: \['yes', 'no', '02139'\]\)")
+    with pytest.raises(SpecError, match=msg):
+        v.output_schema(t.schema)
+    with pytest.raises(SpecError, match=msg):
+        apply_transforms(t, [v])
+    z = pa.table({"zip": ["02139", "10001"]})
+    with pytest.raises(SpecError, match=r"Vocabulary: vocab for column 'zip' \(string\) holds int values \(first: 2139\)"):
+        transform_from_spec({"vocabulary": {"column": "zip", "vocab": ["10001", 2139]}}).output_schema(z.schema)
+    n = pa.table({"n": pa.array([1, 2], pa.int32()), "tags": [["a"], ["b"]]})
+    with pytest.raises(SpecError, match=r"Vocabulary: vocab for column 'n' \(int32\) holds str values \(first: '1'\); an integer column needs integer values"):
+        Vocabulary("n", vocab=["1"]).output_schema(n.schema)
+    with pytest.raises(SpecError, match=r"Vocabulary: vocab for column 'n' \(int32\) holds bool values \(first: True\)"):
+        Vocabulary("n", vocab=[True]).output_schema(n.schema)
+    with pytest.raises(SpecError, match=r"Vocabulary: vocab value 3000000000 does not fit column 'n' \(int32\)"):
+        Vocabulary("n", vocab=[1, 3_000_000_000]).output_schema(n.schema)
+    with pytest.raises(SpecError, match=r"Vocabulary: vocab for column 'tags' \(string\) holds int values \(first: 7\)"):
+        Vocabulary("tags", vocab=[7]).output_schema(n.schema)
+    assert Vocabulary("tags", vocab=["b"])(n).column("tags").to_pylist() == [[0], [1]]
+
+
+
+def test_hash_of_dates_times_and_large_unsigned():
+    import datetime
+
+    d = pa.array([datetime.date(2020, 1, 1), None, datetime.date(2020, 1, 2), datetime.date(2020, 1, 1)])
+    t = pa.table({"d": d, "t": pa.array([1, 2, None, 1], pa.time32("s")),
+                  "u": pa.array([2**63 + 1, 5, None, 2**63 + 1], pa.uint64())})
+    out = apply_transforms(t, [transform_from_spec({"hash_bucket": {"column": c, "num_buckets": 1000,
+                                                                    "output": f"{c}_b"}}) for c in "dtu"])
+    for c in "dtu":
+        b = out.column(f"{c}_b").to_pylist()
+        assert b[0] == b[3] and b[0] != b[1 if c != "t" else 2]
+        h = hash64(t.column(c))
+        np.testing.assert_array_equal(hash64(pa.chunked_array([t.column(c).chunk(0).slice(1), ])), h[1:])
+    # Unsigned values below 2^63 keep the hash they had as signed integers.
+    assert hash64(pa.array([5, 2**62], pa.uint64())).tolist() == hash64(pa.array([5, 2**62], pa.int64())).tolist()
+    assert len(set(hash64(pa.array([1, 2**63 + 1, 2**64 - 1], pa.uint64())).tolist())) == 3
+    with pytest.raises(SpecError, match=r"HashBucket: column 'i' has type month_day_nano_interval; expected"):
+        HashBucket("i", 4).output_schema(pa.schema([("i", pa.month_day_nano_interval())]))
+
+
+@pytest.mark.slow
+def test_deduplicate_dataset_op_on_dates_and_large_unsigned(ray_cluster):
+    import datetime
+
+    import ray
+
+    d1, d2 = datetime.date(2020, 1, 1), datetime.date(2021, 6, 30)
+    t = pa.table({"d": [d1, d2, d1, None, None], "u": pa.array([2**63 + 1, 1, 2**63 + 1, 7, 7], pa.uint64()),
+                  PROVENANCE_FILE: ["f"] * 5, PROVENANCE_ROW: pa.array(range(5), pa.int64())})
+    out = pa.concat_tables(ray.get(Deduplicate(["d", "u"]).dataset_op(_blocks(ray, t, 2)).to_arrow_refs()))
+    assert sorted(out.column(PROVENANCE_ROW).to_pylist()) == [0, 1, 3]
+
+
+@pytest.mark.slow
+def test_deduplicate_key_columns_named_like_its_own(ray_cluster):
+    import ray
+
+    t = pa.table({"__sf_idx": [1, 1, 2], "idx_min": ["a", "a", "a"],
+                  PROVENANCE_FILE: ["f"] * 3, PROVENANCE_ROW: pa.array([0, 1, 2], pa.int64())})
+    spec = {"deduplicate": {"columns": ["__sf_idx", "idx_min"]}}
+    assert apply_transforms(t, [transform_from_spec(spec)]).column(PROVENANCE_ROW).to_pylist() == [0, 2]
+    out = pa.concat_tables(ray.get(transform_from_spec(spec).dataset_op(_blocks(ray, t, 2)).to_arrow_refs()))
+    assert sorted(out.column(PROVENANCE_ROW).to_pylist()) == [0, 2]
+    assert out.column_names == t.column_names
+    # The dataset operation's own hash column: refused by name before Ray runs.
+    clash = t.append_column("__sf_key", pa.array([0, 0, 0]))
+    with pytest.raises(SpecError, match=r"Deduplicate: the data has a column named '__sf_key'.*rename"):
+        transform_from_spec(spec).output_schema(clash.schema)
+
+
+def test_fill_null_uint64_beyond_int64():
+    t = pa.table({"u": pa.array([1, None], pa.uint64())})
+    f = transform_from_spec({"fill_null": {"values": {"u": 2**64 - 1}}})
+    f.output_schema(t.schema)
+    assert apply_transforms(t, [f]).column("u").to_pylist() == [1, 2**64 - 1]
+    with pytest.raises(SpecError, match=r"FillNull: fill value 18446744073709551616 for column 'u' cannot be cast"):
+        transform_from_spec({"fill_null": {"values": {"u": 2**64}}}).output_schema(t.schema)
+    with pytest.raises(SpecError, match=r"FillNull: fill value -1 for column 'u' cannot be cast"):
+        transform_from_spec({"fill_null": {"values": {"u": -1}}}).output_schema(t.schema)
+
+
+def test_deduplicate_treats_zero_and_negative_zero_as_one_key():
+    t = pa.table({"x": [0.0, -0.0, 1.0, -0.0], PROVENANCE_FILE: ["f"] * 4,
+                  PROVENANCE_ROW: pa.array([1, 0, 2, 3], pa.int64())})
+    out = apply_transforms(t, [transform_from_spec({"deduplicate": {"columns": ["x"]}})])
+    # The survivor is the smallest (file, row), with its own value (-0.0 here).
+    assert out.column(PROVENANCE_ROW).to_pylist() == [0, 2]
+    assert np.signbit(out.column("x").to_numpy()).tolist() == [True, False]
+    assert hash64(pa.array([0.0])).tolist() == hash64(pa.array([-0.0])).tolist()
