@@ -31,7 +31,12 @@ from typing import Any
 #: 3: CSV: a written NaN is NaN (was null); a hexadecimal number (``0x1F``)
 #: arrives as the strings written (was an integer). Parquet: INT96 timestamps
 #: are microseconds (were nanoseconds, wrapping past 2262). ``filter``: ``/``
-#: divides to float64 (integers were truncated).
+#: divides to float64 (integers were truncated). ``cast``: rows of a list
+#: column without a bad value are kept, a float that overflows is a bad row
+#: (was inf). ``pad_or_truncate``/``pack_sequences``: a null inside a list, and
+#: (packing) an id outside int32, is a bad row (was written as garbage or
+#: wrapped). Scalers: NaN skipped in the fit (was a 0 statistic), a constant
+#: column maps to 0. ``deduplicate``: 0.0 and -0.0 are one key.
 OUTPUT_FORMAT_VERSION = 3
 
 #: Manifest metadata key holding the fingerprint's parts (for "what changed").

@@ -112,9 +112,9 @@ class _FittedScaler(Transform):
                 raise self._spec_error(
                     f"column {printable(c, 200)!r} holds {inf} infinite value{'s' * (inf != 1)} "
                     f"(+inf: {s['posinf']}, -inf: {s['neginf']}); its {a} and {b} are undefined. "
-                    f"Drop those rows first with a filter step (expr: "
-                    f"\"{printable(c, 200)} > -1e308 and {printable(c, 200)} < 1e308\"), "
-                    f"or give {a} and {b} in the spec."
+                    f"Drop those rows first with a filter step that keeps the finite values "
+                    f"(expr: \"col({printable(c, 200)!r}) > -1e309 and col({printable(c, 200)!r}) "
+                    f"< 1e309\"; 1e309 reads as infinity), or give {a} and {b} in the spec."
                 )
             pair = self._fitted(s) if s["count"] else (0.0, 0.0)
             for k, v in zip(self.STATS, pair):
