@@ -32,6 +32,7 @@ from __future__ import annotations
 import ast
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from slicefeed.connectors import SpecError, short_repr
@@ -65,17 +66,22 @@ _ARITH = {
     ast.Add: lambda a, b: a + b,
     ast.Sub: lambda a, b: a - b,
     ast.Mult: lambda a, b: a * b,
-    ast.Div: lambda a, b: pc.divide_checked(_as_float(a), _as_float(b)),
+    ast.Div: lambda a, b: pc.divide_checked(a, b),
 }
 
 
-def _as_float(v: Any) -> Any:
-    """``v`` (an expression, array or Python number) as float64, for ``/``."""
+def _as_float(v: Any, t: Any) -> Any:
+    """An operand of ``/`` (an expression or array of type ``t``, or a Python
+    number) as float64 when it is an integer, so that ``/`` divides as Python
+    does; other types are left to Arrow's own kernels (a string is refused).
+    Integers beyond 2**53 round, as in Python's ``int / int``."""
     import pyarrow as pa
 
-    if isinstance(v, (int, float)):
-        return float(v)
-    return v.cast(pa.float64(), safe=False)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        if isinstance(t, pa.DataType) and pa.types.is_integer(t):
+            return v.cast(pa.float64(), safe=False)
+        return v
+    return float(v)
 
 
 def _coerced(left: Any, ltype: Any, right: Any, rtype: Any) -> tuple[Any, Any]:
@@ -123,6 +129,18 @@ class _Compiler:
     def name(self, node: ast.Name) -> str:
         """The column a bare name means: as written, not as Python folded it."""
         return ast.get_source_segment(self.text.strip(), node) or node.id
+
+    def result_type(self, node: ast.AST) -> Any:
+        """The Arrow type of ``node``'s value over the schema's columns (None
+        without a schema, or for a literal): evaluated over an empty table."""
+        if self.schema is None:
+            return None
+        try:
+            v = _RowErrors(self.schema.empty_table(), self).eval(node)
+        except Exception:  # noqa: BLE001 - the expression's own check names the problem
+            return None
+        t = _type(v)
+        return t if isinstance(t, pa.DataType) else None
 
     def type_of(self, node: ast.AST) -> Any:
         """The Arrow type of a column operand, ``int``/``float`` of a number
@@ -214,7 +232,11 @@ class _Compiler:
         if isinstance(node, ast.BinOp):
             if type(node.op) not in _ARITH:
                 raise self.fail(node, f"operator {type(node.op).__name__}")
-            return _ARITH[type(node.op)](_as_expr(self.expr(node.left)), self.expr(node.right))
+            left, right = self.expr(node.left), self.expr(node.right)
+            if isinstance(node.op, ast.Div):
+                left = _as_float(left, self.result_type(node.left))
+                right = _as_float(right, self.result_type(node.right))
+            return _ARITH[type(node.op)](_as_expr(left), right)
         if isinstance(node, ast.Name):
             return self.column(self.name(node))
         if isinstance(node, ast.Constant):
@@ -390,7 +412,7 @@ class _RowErrors:
 
         name = "divide_checked" if op is ast.Div else _CHECKED[op]
         if op is ast.Div:
-            a, b = _as_float(a), _as_float(b)
+            a, b = _as_float(a, _type(a)), _as_float(b, _type(b))
         if not isinstance(a, (pa.Array, pa.ChunkedArray)) and not isinstance(b, (pa.Array, pa.ChunkedArray)):
             try:  # literals only: fails for every row or none
                 return pc.call_function(name, [pa.scalar(a), pa.scalar(b)]).as_py()

@@ -12,7 +12,9 @@ import time
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pytest
 
+from slicefeed.connectors import SpecError
 from slicefeed.transforms import ERROR_COLUMN, Filter, split_errors
 
 
@@ -83,6 +85,12 @@ def test_division_is_true_division_as_in_python():
     t = pa.table({"v": pa.array([1.0, 2.0, 3.0]), "d": pa.array([1.0, 0.0, 2.0])})
     good, bad = split_errors(Filter(expr="v / d > 1")(t))
     assert good["v"].to_pylist() == [3.0] and bad["v"].to_pylist() == [2.0]
+    # An integer sum divides as a float too; a string is no number to divide.
+    t = pa.table({"a": pa.array([3, 1], pa.int8()), "b": pa.array([0, 2], pa.int8()),
+                  "s": ["4", "2"]})
+    assert Filter(expr="(a + b) / 2 > 1")(t)["a"].to_pylist() == [3, 1]
+    with pytest.raises(SpecError, match="does not type-check"):
+        Filter(expr="s / 2 > 1").output_schema(t.schema)
 
 
 def test_integers_beyond_float_precision_compare_with_floats_and_unsigned():
