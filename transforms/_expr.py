@@ -302,8 +302,11 @@ def _as_expr(v: Any) -> pc.Expression:
 
 def compile_expression(text: str, *, label: str = "Filter",
                        schema: Any = None) -> tuple[pc.Expression, list[str]]:
-    """Compiles ``text`` to an Arrow expression (for the columns of ``schema``,
-    when given: comparisons are then made comparable, see :func:`_coerced`).
+    """Compiles ``text`` to an Arrow expression for the columns of ``schema``.
+
+    The schema gives the operand types: with it, ``/`` makes floats of integer
+    operands and comparisons are made comparable (:func:`_coerced`); without
+    it (a check of the text alone) Arrow's own rules apply.
 
     Returns:
         ``(expression, referenced column names)``.
