@@ -223,7 +223,11 @@ class DecodeImage(_ImageTransform):
     decodes in flight count, and a row is refused only if its own decode is
     larger than the bound.
 
-    An image that cannot be read or decoded marks its row bad.
+    An image that cannot be read or decoded marks its row bad. 16-bit
+    greyscale images (16-bit PNG/TIFF, Pillow mode ``I;16``) are scaled to 8
+    bits by their high byte (``v >> 8``, as Pillow reads 16-bit RGB), not
+    clamped at 255; 32-bit integer (``I``), signed 16-bit and float (``F``)
+    images have no standard range and are bad records naming the mode.
 
     Args:
         column: Input column (binary, or string paths relative to ``root``).
@@ -394,6 +398,14 @@ class DecodeImage(_ImageTransform):
                 f"({w * h:,} pixels), over max_pixels={self.max_pixels:,}; raise max_pixels "
                 "if such images are expected"
             )
+        why = _sample_refusal(img)
+        if why is not None:
+            img.close()
+            return None, (
+                f"DecodeImage: image in column {self.column!r} ({what}) has Pillow mode "
+                f"{img.mode!r} ({why}), which has no standard range to scale to 8 bits; "
+                "convert such images to 8- or 16-bit (scaled to the range they use) first"
+            )
         return img, None
 
     def _decode(self, img, out: np.ndarray | None, i: int) -> np.ndarray | None:
@@ -407,14 +419,14 @@ class DecodeImage(_ImageTransform):
             ):
                 img.draft(None, size)  # scale only: libjpeg's 1/2, 1/4, 1/8, >= size
             if img.mode != self.mode:
-                img = img.convert(self.mode)
+                img = _convert(img, self.mode)
             if img.size != size:
                 img = img.resize(size, _PIL_RESAMPLE[self.resample])
             arr = np.asarray(img)
             out[i] = arr if arr.ndim == 3 else arr[:, :, None]
             return None
         if img.mode != self.mode:
-            img = img.convert(self.mode)
+            img = _convert(img, self.mode)
         else:
             img.load()
         arr = np.asarray(img)
@@ -566,6 +578,52 @@ class DecodeResize:
 
     def __repr__(self) -> str:
         return f"DecodeResize({self.decode!r}, {self.resize!r})"
+
+
+# Pillow modes of 16-bit unsigned greyscale samples.
+_MODES_16 = frozenset({"I;16", "I;16L", "I;16B", "I;16N"})
+
+
+def _rawmode(img) -> str:
+    """The decoder's raw sample layout of an opened (not yet loaded) image."""
+    tile = getattr(img, "tile", None) or []
+    if not tile:
+        return ""
+    args = tile[0][3]
+    return args if isinstance(args, str) else (args[0] if args and isinstance(args[0], str) else "")
+
+
+def _sample_refusal(img) -> str | None:
+    """Why an opened image's samples cannot be scaled to 8 bits, or None.
+
+    8-bit modes, and 16-bit unsigned greyscale (``I;16*``, or ``I`` holding
+    16-bit unsigned samples, as some Pillow versions open 16-bit PNGs) are
+    decoded; 32-bit integer (``I``), signed 16-bit and float (``F``) samples
+    have no standard range (the data's own, a sensor's, ...): refused."""
+    if img.mode == "F":
+        return "32-bit float samples"
+    if img.mode == "I":
+        raw = _rawmode(img)
+        if not raw.startswith("I;16"):
+            return "32-bit integer samples"
+        if "S" in raw[4:]:
+            return "signed 16-bit samples"
+    return None
+
+
+def _convert(img, mode: str):
+    """``img`` converted to ``mode``. Pillow's ``convert`` clamps 16-bit samples
+    at 255, so 16-bit greyscale is first scaled to 8 bits by its high byte
+    (``v >> 8``, the byte Pillow keeps of 16-bit RGB samples), vectorised on
+    the array. Only images :func:`_sample_refusal` passes reach here: mode ``I``
+    holds 16-bit unsigned samples."""
+    from PIL import Image
+
+    if img.mode in _MODES_16 or img.mode == "I":
+        img = Image.fromarray((np.asarray(img) >> 8).astype(np.uint8))
+        if mode == "L":
+            return img
+    return img.convert(mode)
 
 
 class _Refused(Exception):
