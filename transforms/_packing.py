@@ -153,14 +153,14 @@ class PackSequences(Transform):
 
     def __post_init__(self) -> None:
         if isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int) or self.seq_len < 1:
-            raise self._spec_error(f"seq_len must be a positive integer; got {self.seq_len!r}")
+            raise self._spec_error(f"seq_len must be a positive integer; got {short_repr(self.seq_len)}")
         if self.strategy not in STRATEGIES:
             raise self._spec_error(
-                f"unknown strategy {self.strategy!r}; allowed: {', '.join(STRATEGIES)}"
+                f"unknown strategy {short_repr(self.strategy)}; allowed: {', '.join(STRATEGIES)}"
             )
         if self.overflow not in OVERFLOW:
             raise self._spec_error(
-                f"unknown overflow {self.overflow!r}; allowed: {', '.join(OVERFLOW)}"
+                f"unknown overflow {short_repr(self.overflow)}; allowed: {', '.join(OVERFLOW)}"
             )
 
     def _out_fields(self) -> list[pa.Field]:
