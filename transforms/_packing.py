@@ -140,7 +140,7 @@ class PackSequences(Transform):
         seq_len: Output row length.
         strategy: ``first_fit``, ``best_fit`` or ``concat``.
         overflow: ``split`` or ``truncate``.
-        pad_id: Token id used for padding.
+        pad_id: Token id used for padding (an integer within int32).
     """
 
     name: ClassVar[str] = "pack_sequences"
@@ -161,6 +161,15 @@ class PackSequences(Transform):
         if self.overflow not in OVERFLOW:
             raise self._spec_error(
                 f"unknown overflow {short_repr(self.overflow)}; allowed: {', '.join(OVERFLOW)}"
+            )
+        if (
+            isinstance(self.pad_id, bool)
+            or not isinstance(self.pad_id, int)
+            or not _INT32.min <= self.pad_id <= _INT32.max
+        ):
+            raise self._spec_error(
+                f"pad_id {short_repr(self.pad_id)} is not an integer in int32 "
+                f"[{_INT32.min}, {_INT32.max}] (the packed tokens' type); give a token id in that range"
             )
 
     def _out_fields(self) -> list[pa.Field]:

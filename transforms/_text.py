@@ -304,7 +304,9 @@ class PadOrTruncate(Transform):
     Args:
         column: Input list column.
         length: Output length.
-        pad_value: Value for padding.
+        pad_value: Value for padding; it must fit the list's value type (within
+            an integer type's range and whole, or finite in a float type when
+            finite), else a SpecError at the schema check.
         output: Output column (default: replace ``column``).
         side: ``"right"`` (pad/truncate at the end) or ``"left"``.
         lengths: Add the ``_length`` column.
@@ -345,19 +347,31 @@ class PadOrTruncate(Transform):
             fs.append(pa.field(f"{self.out}_mask", tensor_type(pa.uint8(), (self.length,))))
         return fs
 
+    def _check_pad(self, value_type: pa.DataType) -> None:
+        """Refuses a ``pad_value`` the list's value type cannot hold: out of an
+        integer type's range or fractional, or finite but infinite in a float type."""
+        try:
+            v = pa.scalar(self.pad_value).cast(value_type, safe=True).as_py()
+            ok = not (
+                pa.types.is_floating(value_type)
+                and np.isfinite(self.pad_value)
+                and not np.isfinite(v)
+            )
+        except (pa.ArrowInvalid, OverflowError):
+            ok = False
+        if not ok:
+            raise self._spec_error(
+                f"pad_value {short_repr(self.pad_value)} does not fit the list's value type "
+                f"{value_type} (column {short_repr(self.column)}); use a value of that type"
+            )
+
     def output_schema(self, schema: pa.Schema) -> pa.Schema:
         t = self._require(schema, self.column, kinds=("list",))
         if not (pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type)):
             raise self._spec_error(
                 f"column {short_repr(self.column)} has type {t}; expected a list of numbers"
             )
-        try:
-            pa.scalar(self.pad_value).cast(t.value_type, safe=True)
-        except (pa.ArrowInvalid, OverflowError):
-            raise self._spec_error(
-                f"pad_value {short_repr(self.pad_value)} does not fit the list's value type "
-                f"{t.value_type} (column {short_repr(self.column)}); use a value of that type"
-            ) from None
+        self._check_pad(t.value_type)
         for f in self._fields(t.value_type):
             if f.name in schema.names:
                 schema = schema.set(schema.get_field_index(f.name), f)
@@ -368,6 +382,7 @@ class PadOrTruncate(Transform):
     def __call__(self, table: pa.Table) -> pa.Table:
         col = table.column(self.column)
         value_type = col.type.value_type
+        self._check_pad(value_type)  # also where the schema check was not run
         values, offsets, valid = list_parts(col)
         held_null = null_value_rows(col)
         n, L = len(valid), self.length
