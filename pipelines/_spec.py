@@ -58,7 +58,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from slicefeed.connectors import ON_ERROR_POLICIES, SpecError, short_repr
+from slicefeed.connectors import ON_ERROR_POLICIES, SpecError, printable, short_repr
 from slicefeed.connectors._formats import FORMATS
 
 #: The file formats of the registry, plus ``dataset`` (a committed slicefeed dataset).
@@ -572,7 +572,7 @@ def apply_overrides(spec: dict[str, Any], overrides: Sequence[str] | Mapping[str
         elif isinstance(node, dict):
             node[last] = value
         else:
-            raise SpecError(f"--set {key}: {'.'.join(parts[:-1])} is a {_type_name(node)}, not a mapping or list.")
+            raise SpecError(f"--set {printable(key, 200)}: {printable('.'.join(parts[:-1]), 200)} is a {_type_name(node)}, not a mapping or list.")
     return spec
 
 
@@ -581,7 +581,7 @@ def _split_override(text: str) -> tuple[str, Any]:
         raise SpecError(f"--set {short_repr(text)}: expected key.path=value, e.g. --set sink.uri=/tmp/out")
     key, raw = text.split("=", 1)
     try:
-        value = safe_load_yaml(raw, source=f"--set {key.strip()}") if raw else ""
+        value = safe_load_yaml(raw, source=f"--set {printable(key.strip(), 200)}") if raw else ""
     except yaml.YAMLError:
         value = raw
     return key.strip(), value
@@ -591,9 +591,9 @@ def _index(node: list, part: str, key: str) -> int:
     try:
         i = int(part)
     except ValueError:
-        raise SpecError(f"--set {key}: {part!r} indexes a list; use a number (0..{len(node) - 1}).") from None
+        raise SpecError(f"--set {printable(key, 200)}: {short_repr(part)} indexes a list; use a number (0..{len(node) - 1}).") from None
     if not -len(node) <= i < len(node):
-        raise SpecError(f"--set {key}: index {i} is out of range; the list has {len(node)} items.")
+        raise SpecError(f"--set {printable(key, 200)}: index {i} is out of range; the list has {len(node)} items.")
     return i
 
 
@@ -603,10 +603,10 @@ def _step(node: Any, part: str, key: str, depth: int, *, create: bool) -> Any:
     if isinstance(node, dict):
         if part not in node or node[part] is None:
             if not create:
-                raise SpecError(f"--set {key}: no key {part!r}")
+                raise SpecError(f"--set {printable(key, 200)}: no key {short_repr(part)}")
             node[part] = {}
         return node[part]
-    raise SpecError(f"--set {key}: {'.'.join(key.split('.')[:depth])} is a {_type_name(node)}, not a mapping or list.")
+    raise SpecError(f"--set {printable(key, 200)}: {printable('.'.join(key.split('.')[:depth]), 200)} is a {_type_name(node)}, not a mapping or list.")
 
 
 def load_spec(path: str | os.PathLike[str], overrides: Sequence[str] | Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from slicefeed.connectors import (
     BadRecordError,
     SpecError,
     printable,
+    short_repr,
 )
 
 if typing.TYPE_CHECKING:  # pragma: no cover
@@ -140,7 +141,7 @@ def apply_transforms(
     """
     if on_error not in ON_ERROR_POLICIES:
         raise SpecError(
-            f"on_error must be one of {', '.join(ON_ERROR_POLICIES)}; got {on_error!r}"
+            f"on_error must be one of {', '.join(ON_ERROR_POLICIES)}; got {short_repr(on_error)}"
         )
     from slicefeed.transforms._steps import chain_steps
 

@@ -48,7 +48,7 @@ class HashBucket(Transform):
 
     def __post_init__(self) -> None:
         if isinstance(self.num_buckets, bool) or not isinstance(self.num_buckets, int) or not 0 < self.num_buckets < 2**31:
-            raise self._spec_error(f"num_buckets must be an integer in [1, 2^31); got {self.num_buckets!r}")
+            raise self._spec_error(f"num_buckets must be an integer in [1, 2^31); got {short_repr(self.num_buckets)}")
 
     def output_schema(self, schema: pa.Schema) -> pa.Schema:
         t = self._require(schema, self.column)
@@ -56,7 +56,7 @@ class HashBucket(Transform):
             is_hashable(t)
         ):
             raise self._spec_error(
-                f"column {self.column!r} has type {t}; expected string, binary, integer, "
+                f"column {short_repr(self.column)} has type {t}; expected string, binary, integer, "
                 "float, boolean, date, time, timestamp or duration values"
             )
         f = pa.field(self.output or self.column, pa.int32())
@@ -128,7 +128,7 @@ class Vocabulary(Transform):
 
     def __post_init__(self) -> None:
         if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1):
-            raise self._spec_error(f"top_k must be a positive integer; got {self.top_k!r}")
+            raise self._spec_error(f"top_k must be a positive integer; got {short_repr(self.top_k)}")
         # Ids are int32: an id outside its range would wrap in Arrow's add and
         # could equal oov_id or another value's id.
         for arg in ("first_id", "oov_id"):
@@ -164,7 +164,7 @@ class Vocabulary(Transform):
         vt = t.value_type if list_like(t) else t
         if not (pa.types.is_string(vt) or pa.types.is_large_string(vt) or pa.types.is_integer(vt)):
             raise self._spec_error(
-                f"column {self.column!r} has type {t}; expected string or integer values "
+                f"column {short_repr(self.column)} has type {t}; expected string or integer values "
                 "(or lists of them)"
             )
         return t
@@ -186,7 +186,7 @@ class Vocabulary(Transform):
             advice = ("in YAML, quote them (vocab: ['yes', 'no', '02139'])" if is_str
                       else "in YAML, leave them unquoted (vocab: [3, 7]), or cast the column to string first")
             raise self._spec_error(
-                f"vocab for column {col!r} ({value_type}) holds {type(bad).__name__} values "
+                f"vocab for column {short_repr(col)} ({value_type}) holds {type(bad).__name__} values "
                 f"(first: {short_repr(bad)}); a{'n' * (not is_str)} {kind} column needs {kind} values: {advice}"
             )
         if not is_str:
@@ -194,7 +194,7 @@ class Vocabulary(Transform):
             out = next((v for v in self.vocab if not info.min <= v <= info.max), None)
             if out is not None:
                 raise self._spec_error(
-                    f"vocab value {short_repr(out)} does not fit column {col!r} ({value_type}), so it "
+                    f"vocab value {short_repr(out)} does not fit column {short_repr(col)} ({value_type}), so it "
                     f"can never match: remove it, or cast the column to a wider integer type first"
                 )
 

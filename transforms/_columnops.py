@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from slicefeed.connectors import ERROR_COLUMN, RESERVED_COLUMNS, short_repr
+from slicefeed.connectors import ERROR_COLUMN, RESERVED_COLUMNS, short_repr, typed_columns
 from slicefeed.transforms._arrays import (
     failing_rows,
     fixed_values,
@@ -71,16 +71,16 @@ class Rename(Transform):
     def __post_init__(self) -> None:
         m = self._column_mapping(self.mapping, "mapping")
         if not all(isinstance(v, str) and v for v in m.values()):
-            raise self._spec_error(f"mapping values must be new column names; got {m!r}")
+            raise self._spec_error(f"mapping values must be new column names; got {short_repr(m)}")
         for k, v in m.items():
             if k in RESERVED_COLUMNS or v in RESERVED_COLUMNS:
                 raise self._spec_error(
-                    f"cannot rename to or from slicefeed's own column {k if k in RESERVED_COLUMNS else v!r}"
+                    f"cannot rename to or from slicefeed's own column {short_repr(k if k in RESERVED_COLUMNS else v)}"
                 )
         targets = list(m.values())
         dup = sorted({t for t in targets if targets.count(t) > 1})
         if dup:
-            raise self._spec_error(f"mapping renames two columns to {dup[0]!r}")
+            raise self._spec_error(f"mapping renames two columns to {short_repr(dup[0])}")
         object.__setattr__(self, "mapping", m)
 
     def _names(self, names: Sequence[str]) -> list[str]:
@@ -93,8 +93,8 @@ class Rename(Transform):
         for old, new in self.mapping.items():
             if new in kept:
                 raise self._spec_error(
-                    f"renaming {old!r} to {new!r} collides with the existing column {new!r}; "
-                    f"drop or rename {new!r} first"
+                    f"renaming {short_repr(old)} to {short_repr(new)} collides with the existing column {short_repr(new)}; "
+                    f"drop or rename {short_repr(new)} first"
                 )
         return pa.schema(
             [f.with_name(self.mapping.get(f.name, f.name)) for f in schema], schema.metadata
@@ -133,12 +133,12 @@ class Cast(Transform):
     def __post_init__(self) -> None:
         m = self._column_mapping(self.columns, "columns")
         for col, t in m.items():
-            parse_type(t, label=self._label(), arg=f"column {col!r}")
+            parse_type(t, label=self._label(), arg=f"column {short_repr(col)}")
         object.__setattr__(self, "columns", m)
 
     def _target(self, col: str, src: pa.DataType) -> tuple[pa.DataType, bool]:
         """(Arrow type to cast to, is bfloat16) for ``col`` of type ``src``."""
-        t = parse_type(self.columns[col], label=self._label(), arg=f"column {col!r}")
+        t = parse_type(self.columns[col], label=self._label(), arg=f"column {short_repr(col)}")
         bf16 = t == BFLOAT16
         scalar = pa.float32() if bf16 else t
         if list_like(src) and not list_like(scalar):
@@ -154,14 +154,14 @@ class Cast(Transform):
                 pc.cast(pa.array([], _storage_type(src)), _storage_type(target))
             except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
                 raise self._spec_error(
-                    f"cannot cast column {col!r} from {src} to {self.columns[col]}"
+                    f"cannot cast column {short_repr(col)} from {src} to {self.columns[col]}"
                 ) from None
             if bf16 and not (
                 pa.types.is_floating(target)
                 or pa.types.is_integer(target)
                 or (list_like(target))
             ):
-                raise self._spec_error(f"bfloat16 needs a numeric column; {col!r} is {src}")
+                raise self._spec_error(f"bfloat16 needs a numeric column; {short_repr(col)} is {src}")
             i = schema.get_field_index(col)
             fields[i] = self._out_field(col, target, bf16)
         return pa.schema(fields, schema.metadata)
@@ -342,7 +342,7 @@ class Filter(Transform):
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, TypeError,
                 OverflowError) as e:
             msg = short_repr(str(e).splitlines()[0] if str(e) else type(e).__name__)
-            types = ", ".join(f"{c}: {schema.field(c).type}" for c in cols)
+            types = typed_columns(schema.field(c) for c in cols)
             raise self._spec_error(
                 f"expression {short_repr(self.expr)} does not type-check against the columns ({types}): "
                 f"{msg}. It must be a boolean condition comparing compatible types."

@@ -185,12 +185,12 @@ class Transform:
             raise MissingColumnError(
                 f"{self._label()}: column {short_repr(column)} not found; available: "
                 f"{printable(avail, 500) or '(none)'}"
-                f". Fix the {arg!r} argument."
+                f". Fix the {short_repr(arg)} argument."
             )
         t = schema.field(column).type
         if kinds and not any(_is_kind(t, k) for k in kinds):
             raise SpecError(
-                f"{self._label()}: column {column!r} has type {t}; expected "
+                f"{self._label()}: column {short_repr(column)} has type {t}; expected "
                 f"{' or '.join(kinds)}. Add a cast or pick another column."
             )
         return t
@@ -209,7 +209,7 @@ class Transform:
             raise self._spec_error(f"{arg} must contain column names (strings); got {short_repr(value)}")
         dup = sorted({v for v in value if list(value).count(v) > 1})
         if dup:
-            raise self._spec_error(f"{arg} names column {dup[0]!r} twice")
+            raise self._spec_error(f"{arg} names column {short_repr(dup[0])} twice")
         return tuple(value)
 
     def _column_mapping(self, value: Any, arg: str) -> dict[str, Any]:

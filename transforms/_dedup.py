@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from slicefeed.connectors import PROVENANCE_FILE, PROVENANCE_ROW, RESERVED_COLUMNS
+from slicefeed.connectors import PROVENANCE_FILE, PROVENANCE_ROW, RESERVED_COLUMNS, short_repr
 from slicefeed.transforms._categorical import is_hashable
 from slicefeed.transforms._contract import DatasetTasks, Transform
 from slicefeed.transforms._hashing import hash64, mix64
@@ -67,7 +67,7 @@ class Deduplicate(Transform):
             t = self._require(schema, c, arg="columns")
             if not is_hashable(t):
                 raise self._spec_error(
-                    f"column {c!r} has type {t}; deduplicate on scalar columns (strings, "
+                    f"column {short_repr(c)} has type {t}; deduplicate on scalar columns (strings, "
                     "binary, numbers, booleans, dates), e.g. columns: [text]"
                 )
         return schema

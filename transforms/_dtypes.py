@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from slicefeed.connectors import SpecError
+from slicefeed.connectors import SpecError, short_repr
 
 DTYPE_METADATA_KEY = b"slicefeed.dtype"
 BFLOAT16 = "bfloat16"
@@ -52,7 +52,7 @@ def parse_type(name: str, *, label: str, arg: str) -> pa.DataType | str:
     if isinstance(name, str) and name in _ALIASES:
         return _ALIASES[name]
     raise SpecError(
-        f"{label}: unknown type {name!r} for {arg}; allowed: {', '.join(TYPE_NAMES)}"
+        f"{label}: unknown type {short_repr(name)} for {arg}; allowed: {', '.join(TYPE_NAMES)}"
     )
 
 

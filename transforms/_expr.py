@@ -35,7 +35,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from slicefeed.connectors import SpecError, short_repr
+from slicefeed.connectors import SpecError, printable, short_repr
 
 #: Longest expression text (checked before parsing).
 MAX_EXPR_CHARS = 100_000
@@ -183,7 +183,7 @@ class _Compiler:
             and not isinstance(node.operand.value, bool)
         ):
             return -node.operand.value
-        raise self.fail(node, f"{ast.unparse(node)!r} inside a literal list (literals only)")
+        raise self.fail(node, f"{short_repr(ast.unparse(node))} inside a literal list (literals only)")
 
     def expr(self, node: ast.AST) -> Any:
         if isinstance(node, ast.BoolOp):
@@ -244,11 +244,11 @@ class _Compiler:
                 raise self.fail(node, "None (use is_null(col) / is_valid(col))")
             if isinstance(node.value, (bool, int, float, str)):
                 return node.value
-            raise self.fail(node, f"literal {node.value!r}")
+            raise self.fail(node, f"literal {short_repr(node.value)}")
         if isinstance(node, ast.Call):
             fname = node.func.id if isinstance(node.func, ast.Name) else ast.unparse(node.func)
             if node.keywords or len(node.args) != 1:
-                raise self.fail(node, f"call {ast.unparse(node)!r} (one positional argument)")
+                raise self.fail(node, f"call {short_repr(ast.unparse(node))} (one positional argument)")
             (arg,) = node.args
             if fname == "col":
                 if not (isinstance(arg, ast.Constant) and isinstance(arg.value, str)):
@@ -256,8 +256,8 @@ class _Compiler:
                 return self.column(arg.value)
             if fname in _FUNCS:
                 return _FUNCS[fname](_as_expr(self.expr(arg)))
-            raise self.fail(node, f"function {fname}()")
-        raise self.fail(node, f"{type(node).__name__} {ast.unparse(node)!r}")
+            raise self.fail(node, f"function {printable(fname, 120)}()")
+        raise self.fail(node, f"{type(node).__name__} {short_repr(ast.unparse(node))}")
 
 
 def _check_size(tree: ast.AST, text: str, label: str) -> None:

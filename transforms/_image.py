@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
-from slicefeed.connectors import PROVENANCE_FILE, PROVENANCE_ROW, short_repr
+from slicefeed.connectors import PROVENANCE_FILE, PROVENANCE_ROW, printable, short_repr
 from slicefeed.transforms._arrays import fixed_values, is_tensor, make_tensor, tensor_type
 from slicefeed.transforms._badrecords import mark_errors
 from slicefeed.transforms._contract import Transform
@@ -159,7 +159,7 @@ class _ImageTransform(Transform):
         layout = image_layout(t)
         if layout is None or layout[3] != pa.uint8():
             raise self._spec_error(
-                f"column {self.column!r} has type {t}; expected a uint8 image column "
+                f"column {short_repr(self.column)} has type {t}; expected a uint8 image column "
                 "(add DecodeImage first; NormalizeImage must come last)"
             )
         return layout
@@ -172,7 +172,7 @@ class _ImageTransform(Transform):
 def _pos_int(self: Transform, **kw: Any) -> None:
     for k, v in kw.items():
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            raise self._spec_error(f"{k} must be a positive integer; got {v!r}")
+            raise self._spec_error(f"{k} must be a positive integer; got {short_repr(v)}")
 
 
 #: Default ``max_pixels``: well under Pillow's own bomb limit (about 178 MP).
@@ -223,7 +223,11 @@ class DecodeImage(_ImageTransform):
     decodes in flight count, and a row is refused only if its own decode is
     larger than the bound.
 
-    An image that cannot be read or decoded marks its row bad.
+    An image that cannot be read or decoded marks its row bad. 16-bit
+    greyscale images (16-bit PNG/TIFF, Pillow mode ``I;16``) are scaled to 8
+    bits by their high byte (``v >> 8``, as Pillow reads 16-bit RGB), not
+    clamped at 255; 32-bit integer (``I``), signed 16-bit and float (``F``)
+    images have no standard range and are bad records naming the mode.
 
     Args:
         column: Input column (binary, or string paths relative to ``root``).
@@ -266,19 +270,19 @@ class DecodeImage(_ImageTransform):
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
-            raise self._spec_error(f"unknown mode {self.mode!r}; allowed: {', '.join(MODES)}")
+            raise self._spec_error(f"unknown mode {short_repr(self.mode)}; allowed: {', '.join(MODES)}")
         _pos_int(self, height=self.height, width=self.width, max_pixels=self.max_pixels,
                  max_batch_bytes=self.max_batch_bytes, threads=self.threads)
         if (self.height is None) != (self.width is None):
             raise self._spec_error("give both height and width to resize while decoding, or neither")
         if self.resample not in RESAMPLE:
             raise self._spec_error(
-                f"unknown resample {self.resample!r}; allowed: {', '.join(RESAMPLE)}"
+                f"unknown resample {short_repr(self.resample)}; allowed: {', '.join(RESAMPLE)}"
             )
         if not isinstance(self.draft, bool):
-            raise self._spec_error(f"draft must be true or false; got {self.draft!r}")
+            raise self._spec_error(f"draft must be true or false; got {short_repr(self.draft)}")
         if self.root is not None and (not isinstance(self.root, str) or not self.root):
-            raise self._spec_error(f"root must be a directory path or URI; got {self.root!r}")
+            raise self._spec_error(f"root must be a directory path or URI; got {short_repr(self.root)}")
 
     # -- storage ---------------------------------------------------------------
 
@@ -313,7 +317,7 @@ class DecodeImage(_ImageTransform):
         if not same:
             have = ", ".join(sorted({_protocol(u) for u, _ in sources}))
             raise self._spec_error(
-                f"root {self.root} is not on the source's filesystem ({have}); images are "
+                f"root {printable(self.root, 200)} is not on the source's filesystem ({have}); images are "
                 "read with the source's storage credentials, so keep them on the source's "
                 "filesystem (or in the same bucket)"
             )
@@ -342,7 +346,7 @@ class DecodeImage(_ImageTransform):
         t = self._require(schema, self.column, kinds=("binary", "string"))
         if self.root is None and (pa.types.is_string(t) or pa.types.is_large_string(t)):
             raise self._spec_error(
-                f"column {self.column!r} holds paths; set root (the directory or gs:// "
+                f"column {short_repr(self.column)} holds paths; set root (the directory or gs:// "
                 "prefix they are relative to). Paths outside it are not read."
             )
         c = MODES[self.mode]
@@ -363,12 +367,12 @@ class DecodeImage(_ImageTransform):
         fs, base, real = root
         if key is None:
             kind = "outside the root" if ".." in item.split("/") else "not a path relative to the root"
-            raise _Refused(f"is {kind} {self.root}")
+            raise _Refused(f"is {kind} {printable(self.root, 200)}")
         path = f"{base}/{key}"
         if real is not None:
             resolved = os.path.realpath(path)
             if not resolved.startswith(real) or resolved == real.rstrip(os.sep):
-                raise _Refused(f"resolves outside the root {self.root} (a symlink)")
+                raise _Refused(f"resolves outside the root {printable(self.root, 200)} (a symlink)")
             path = resolved
         return fs.cat_file(path)
 
@@ -377,22 +381,30 @@ class DecodeImage(_ImageTransform):
         from PIL import Image
 
         if item is None:
-            return None, f"DecodeImage: column {self.column!r} is null"
+            return None, f"DecodeImage: column {short_repr(self.column)} is null"
         what = f"path {_show(item)}" if is_path else f"{len(item)} bytes"
         try:
             data = self._read(item, root) if is_path else item
             img = Image.open(io.BytesIO(data))
         except _Refused as e:
-            return None, f"DecodeImage: {what} in column {self.column!r} {e}"
+            return None, f"DecodeImage: {what} in column {short_repr(self.column)} {e}"
         except Exception as e:  # noqa: BLE001 - any read/codec failure is a bad record
             return None, _decode_reason(self.column, what, e)
         w, h = img.size
         if w * h > self.max_pixels:
             img.close()
             return None, (
-                f"DecodeImage: image in column {self.column!r} ({what}) is {w}x{h} "
+                f"DecodeImage: image in column {short_repr(self.column)} ({what}) is {w}x{h} "
                 f"({w * h:,} pixels), over max_pixels={self.max_pixels:,}; raise max_pixels "
                 "if such images are expected"
+            )
+        why = _sample_refusal(img)
+        if why is not None:
+            img.close()
+            return None, (
+                f"DecodeImage: image in column {short_repr(self.column)} ({what}) has Pillow mode "
+                f"{short_repr(img.mode)} ({why}), which has no standard range to scale to 8 bits; "
+                "convert such images to 8- or 16-bit (scaled to the range they use) first"
             )
         return img, None
 
@@ -407,14 +419,14 @@ class DecodeImage(_ImageTransform):
             ):
                 img.draft(None, size)  # scale only: libjpeg's 1/2, 1/4, 1/8, >= size
             if img.mode != self.mode:
-                img = img.convert(self.mode)
+                img = _convert(img, self.mode)
             if img.size != size:
                 img = img.resize(size, _PIL_RESAMPLE[self.resample])
             arr = np.asarray(img)
             out[i] = arr if arr.ndim == 3 else arr[:, :, None]
             return None
         if img.mode != self.mode:
-            img = img.convert(self.mode)
+            img = _convert(img, self.mode)
         else:
             img.load()
         arr = np.asarray(img)
@@ -427,7 +439,7 @@ class DecodeImage(_ImageTransform):
     def _too_big_reason(self, size: tuple[int, int], total: int) -> str:
         return (
             f"DecodeImage: decoding this {size[0]}x{size[1]} image in column "
-            f"{self.column!r} would bring the batch's decoded images to {total:,} bytes, "
+            f"{short_repr(self.column)} would bring the batch's decoded images to {total:,} bytes, "
             f"over max_batch_bytes={self.max_batch_bytes:,}; use smaller batches, resize "
             "while decoding (height/width), or raise max_batch_bytes"
         )
@@ -565,7 +577,53 @@ class DecodeResize:
         return self._fused._decode_table(table, admit_in_order=True)
 
     def __repr__(self) -> str:
-        return f"DecodeResize({self.decode!r}, {self.resize!r})"
+        return f"DecodeResize({short_repr(self.decode)}, {short_repr(self.resize)})"
+
+
+# Pillow modes of 16-bit unsigned greyscale samples.
+_MODES_16 = frozenset({"I;16", "I;16L", "I;16B", "I;16N"})
+
+
+def _rawmode(img) -> str:
+    """The decoder's raw sample layout of an opened (not yet loaded) image."""
+    tile = getattr(img, "tile", None) or []
+    if not tile:
+        return ""
+    args = tile[0][3]
+    return args if isinstance(args, str) else (args[0] if args and isinstance(args[0], str) else "")
+
+
+def _sample_refusal(img) -> str | None:
+    """Why an opened image's samples cannot be scaled to 8 bits, or None.
+
+    8-bit modes, and 16-bit unsigned greyscale (``I;16*``, or ``I`` holding
+    16-bit unsigned samples, as some Pillow versions open 16-bit PNGs) are
+    decoded; 32-bit integer (``I``), signed 16-bit and float (``F``) samples
+    have no standard range (the data's own, a sensor's, ...): refused."""
+    if img.mode == "F":
+        return "32-bit float samples"
+    if img.mode == "I":
+        raw = _rawmode(img)
+        if not raw.startswith("I;16"):
+            return "32-bit integer samples"
+        if "S" in raw[4:]:
+            return "signed 16-bit samples"
+    return None
+
+
+def _convert(img, mode: str):
+    """``img`` converted to ``mode``. Pillow's ``convert`` clamps 16-bit samples
+    at 255, so 16-bit greyscale is first scaled to 8 bits by its high byte
+    (``v >> 8``, the byte Pillow keeps of 16-bit RGB samples), vectorised on
+    the array. Only images :func:`_sample_refusal` passes reach here: mode ``I``
+    holds 16-bit unsigned samples."""
+    from PIL import Image
+
+    if img.mode in _MODES_16 or img.mode == "I":
+        img = Image.fromarray((np.asarray(img) >> 8).astype(np.uint8))
+        if mode == "L":
+            return img
+    return img.convert(mode)
 
 
 class _Refused(Exception):
@@ -664,7 +722,7 @@ def _decode_reason(column: str, what: str, e: Exception) -> str:
     # Object reprs carry memory addresses; keep reasons reproducible.
     msg = re.sub(r" <[^>]* at 0x[0-9a-fA-F]+>", "", str(e))
     return (
-        f"DecodeImage: cannot decode image in column {column!r} ({what}): "
+        f"DecodeImage: cannot decode image in column {short_repr(column)} ({what}): "
         f"{type(e).__name__}: {_CONTROL.sub('?', msg)[:300]}"
     )
 
@@ -734,7 +792,7 @@ class Resize(_ImageTransform):
             )
         if self.resample not in RESAMPLE:
             raise self._spec_error(
-                f"unknown resample {self.resample!r}; allowed: {', '.join(RESAMPLE)}"
+                f"unknown resample {short_repr(self.resample)}; allowed: {', '.join(RESAMPLE)}"
             )
 
     def output_schema(self, schema: pa.Schema) -> pa.Schema:
@@ -829,7 +887,7 @@ def _crop_schema(t: Any, schema: pa.Schema) -> pa.Schema:
     _, hw, c, _ = t._layout(schema)
     if hw is not None and (hw[0] < t.height or hw[1] < t.width):
         raise t._spec_error(
-            f"column {t.column!r} holds {hw[0]}x{hw[1]} images, smaller than the crop "
+            f"column {short_repr(t.column)} holds {hw[0]}x{hw[1]} images, smaller than the crop "
             f"{t.height}x{t.width}"
         )
     return _set_schema(schema, pa.field(t.column, fixed_type(t.height, t.width, c)))
@@ -917,7 +975,7 @@ class RandomFlip(_ImageTransform):
 
     def __post_init__(self) -> None:
         if not isinstance(self.p, (int, float)) or not 0 <= self.p <= 1:
-            raise self._spec_error(f"p must be a probability in [0, 1]; got {self.p!r}")
+            raise self._spec_error(f"p must be a probability in [0, 1]; got {short_repr(self.p)}")
         if not (self.horizontal or self.vertical):
             raise self._spec_error("set horizontal and/or vertical to true")
 
@@ -952,6 +1010,16 @@ class RandomFlip(_ImageTransform):
         return _set(table, self.column, write_variable(res, c))
 
 
+def _float32_number(x: Any) -> bool:
+    """Whether ``x`` is a real number that float32 holds as a finite value."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return False
+    try:
+        return abs(float(x)) <= float(np.finfo(np.float32).max)  # False for NaN
+    except OverflowError:  # an int beyond float64
+        return False
+
+
 @dataclasses.dataclass(frozen=True)
 class NormalizeImage(_ImageTransform):
     """Turns fixed-size uint8 images into the training dtype.
@@ -977,14 +1045,20 @@ class NormalizeImage(_ImageTransform):
 
     def __post_init__(self) -> None:
         if self.dtype not in IMAGE_DTYPES:
-            raise self._spec_error(f"unknown dtype {self.dtype!r}; allowed: {', '.join(IMAGE_DTYPES)}")
+            raise self._spec_error(f"unknown dtype {short_repr(self.dtype)}; allowed: {', '.join(IMAGE_DTYPES)}")
         for k in ("mean", "std"):
             v = getattr(self, k)
+            vs = v if isinstance(v, (list, tuple)) else [v]
+            if not vs or not all(_float32_number(x) for x in vs):
+                raise self._spec_error(
+                    f"{k} must be a number (finite, within float32) or a list of one per "
+                    f"channel; got {short_repr(v)}"
+                )
             if isinstance(v, (list, tuple)):
                 object.__setattr__(self, k, tuple(float(x) for x in v))
         std = np.atleast_1d(np.asarray(self.std, dtype=np.float64))
         if (std <= 0).any():
-            raise self._spec_error(f"std must be positive; got {self.std!r}")
+            raise self._spec_error(f"std must be positive; got {short_repr(self.std)}")
         if self.dtype == "uint8" and (self.mean != 0.0 or self.std != 1.0):
             raise self._spec_error("dtype uint8 keeps raw pixels; remove mean/std or use float32")
 
@@ -1009,7 +1083,7 @@ class NormalizeImage(_ImageTransform):
         kind, hw, c, _ = self._layout(schema)
         if kind != "fixed":
             raise self._spec_error(
-                f"column {self.column!r} holds images of varying size; add Resize(height, "
+                f"column {short_repr(self.column)} holds images of varying size; add Resize(height, "
                 "width), CenterCrop or RandomCrop before NormalizeImage"
             )
         self._stats(c)

@@ -140,7 +140,7 @@ class PackSequences(Transform):
         seq_len: Output row length.
         strategy: ``first_fit``, ``best_fit`` or ``concat``.
         overflow: ``split`` or ``truncate``.
-        pad_id: Token id used for padding.
+        pad_id: Token id used for padding (an integer within int32).
     """
 
     name: ClassVar[str] = "pack_sequences"
@@ -153,14 +153,23 @@ class PackSequences(Transform):
 
     def __post_init__(self) -> None:
         if isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int) or self.seq_len < 1:
-            raise self._spec_error(f"seq_len must be a positive integer; got {self.seq_len!r}")
+            raise self._spec_error(f"seq_len must be a positive integer; got {short_repr(self.seq_len)}")
         if self.strategy not in STRATEGIES:
             raise self._spec_error(
-                f"unknown strategy {self.strategy!r}; allowed: {', '.join(STRATEGIES)}"
+                f"unknown strategy {short_repr(self.strategy)}; allowed: {', '.join(STRATEGIES)}"
             )
         if self.overflow not in OVERFLOW:
             raise self._spec_error(
-                f"unknown overflow {self.overflow!r}; allowed: {', '.join(OVERFLOW)}"
+                f"unknown overflow {short_repr(self.overflow)}; allowed: {', '.join(OVERFLOW)}"
+            )
+        if (
+            isinstance(self.pad_id, bool)
+            or not isinstance(self.pad_id, int)
+            or not _INT32.min <= self.pad_id <= _INT32.max
+        ):
+            raise self._spec_error(
+                f"pad_id {short_repr(self.pad_id)} is not an integer in int32 "
+                f"[{_INT32.min}, {_INT32.max}] (the packed tokens' type); give a token id in that range"
             )
 
     def _out_fields(self) -> list[pa.Field]:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from slicefeed.connectors import printable
+from slicefeed.connectors import printable, short_repr
 from slicefeed.transforms._contract import Transform
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -37,7 +37,7 @@ def as_float64(col: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
 
 def _float_type(owner: Transform, dtype: str) -> pa.DataType:
     if dtype not in ("float32", "float64"):
-        raise owner._spec_error(f"dtype must be float32 or float64; got {dtype!r}")
+        raise owner._spec_error(f"dtype must be float32 or float64; got {short_repr(dtype)}")
     return pa.float32() if dtype == "float32" else pa.float64()
 
 
@@ -65,7 +65,7 @@ class _FittedScaler(Transform):
                 v = self._column_mapping(v, k)
                 missing = [c for c in self.columns if c not in v]
                 if missing:
-                    raise self._spec_error(f"{k} has no value for column {missing[0]!r}")
+                    raise self._spec_error(f"{k} has no value for column {short_repr(missing[0])}")
                 object.__setattr__(self, k, {c: float(v[c]) for c in self.columns})
 
     @property

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from slicefeed.connectors import SpecError, short_repr
+from slicefeed.connectors import SpecError, printable, short_repr
 from slicefeed.transforms._arrays import (
     failing_rows,
     list_parts,
@@ -63,13 +63,21 @@ def load_hf_tokenizer(uri: str):
         data = r.fs.cat_file(r.path)
     except FileNotFoundError:
         raise FileNotFoundError(
-            f"Tokenize: tokenizer file {uri} does not exist; pass the path or gs:// URI of "
-            "a Hugging Face tokenizer.json, or tokenizer: bytes for the built-in one."
+            f"Tokenize: tokenizer file {printable(uri, 200)} does not exist; pass the path or gs:// "
+            "URI of a Hugging Face tokenizer.json, or tokenizer: bytes for the built-in one."
+        ) from None
+    except OSError as e:  # a name too long, a directory, no permission: quoted bounded
+        raise OSError(
+            f"Tokenize: cannot read tokenizer file {printable(uri, 200)} "
+            f"({type(e).__name__}: {printable(e.strerror or str(e), 200)}); pass the path or "
+            "gs:// URI of a Hugging Face tokenizer.json, or tokenizer: bytes for the built-in one."
         ) from None
     try:
         tok = Tokenizer.from_str(data.decode("utf-8"))
     except Exception as e:
-        raise SpecError(f"Tokenize: {uri} is not a valid tokenizer.json ({e})") from e
+        raise SpecError(
+            f"Tokenize: {printable(uri, 200)} is not a valid tokenizer.json ({printable(str(e), 300)})"
+        ) from e
     with _CACHE_LOCK:
         _CACHE[uri] = tok
     return tok
@@ -156,7 +164,7 @@ class Tokenize(Transform):
     def __post_init__(self) -> None:
         if not isinstance(self.tokenizer, str) or not self.tokenizer:
             raise self._spec_error(
-                f"tokenizer must be 'bytes' or a tokenizer.json path/URI; got {self.tokenizer!r}"
+                f"tokenizer must be 'bytes' or a tokenizer.json path/URI; got {short_repr(self.tokenizer)}"
             )
         if self.max_length is not None and (
             not isinstance(self.max_length, int)
@@ -164,10 +172,10 @@ class Tokenize(Transform):
         ):
             raise self._spec_error(
                 f"max_length must be an integer >= {1 + int(self.add_bos) + int(self.add_eos)}"
-                f" (room for BOS/EOS and one token); got {self.max_length!r}"
+                f" (room for BOS/EOS and one token); got {short_repr(self.max_length)}"
             )
         if not self.output or not isinstance(self.output, str):
-            raise self._spec_error(f"output must be a column name; got {self.output!r}")
+            raise self._spec_error(f"output must be a column name; got {short_repr(self.output)}")
 
     @property
     def is_bytes(self) -> bool:
@@ -186,17 +194,17 @@ class Tokenize(Transform):
                 "tokenizer.json"
             )
         if isinstance(value, bool) or not isinstance(value, (int, str)):
-            raise self._spec_error(f"{which}_token must be a token string or an id; got {value!r}")
+            raise self._spec_error(f"{which}_token must be a token string or an id; got {short_repr(value)}")
         if isinstance(value, int):
             return value
         if self.is_bytes:
             raise self._spec_error(
-                f"{which}_token must be an id with tokenizer: bytes; got {value!r}"
+                f"{which}_token must be an id with tokenizer: bytes; got {short_repr(value)}"
             )
         tid = tok.token_to_id(value)
         if tid is None:
             raise self._spec_error(
-                f"{which}_token {value!r} is not in the vocabulary of {self.tokenizer}"
+                f"{which}_token {short_repr(value)} is not in the vocabulary of {printable(self.tokenizer, 200)}"
             )
         return int(tid)
 
@@ -221,14 +229,14 @@ class Tokenize(Transform):
         n = len(arr)
         bad = ~arr.is_valid().to_numpy(zero_copy_only=False) if arr.null_count else np.zeros(n, bool)
         reasons = np.full(n, None, dtype=object)
-        reasons[bad] = f"Tokenize: column {self.column!r} is null"
+        reasons[bad] = f"Tokenize: column {short_repr(self.column)} is null"
         if pa.types.is_binary(arr.type) or pa.types.is_large_binary(arr.type):
             target = pa.large_string() if pa.types.is_large_binary(arr.type) else pa.string()
             try:
                 arr = arr.cast(target)
             except pa.ArrowInvalid:
                 not_utf8 = failing_rows(arr, lambda a: a.cast(target))
-                reasons[not_utf8] = f"Tokenize: column {self.column!r} is not valid UTF-8"
+                reasons[not_utf8] = f"Tokenize: column {short_repr(self.column)} is not valid UTF-8"
                 bad |= not_utf8
                 arr = pc.if_else(pa.array(not_utf8), pa.nulls(n, arr.type), arr).cast(target)
         return arr, bad, reasons
@@ -296,7 +304,9 @@ class PadOrTruncate(Transform):
     Args:
         column: Input list column.
         length: Output length.
-        pad_value: Value for padding.
+        pad_value: Value for padding; it must fit the list's value type (within
+            an integer type's range and whole, or finite in a float type when
+            finite), else a SpecError at the schema check.
         output: Output column (default: replace ``column``).
         side: ``"right"`` (pad/truncate at the end) or ``"left"``.
         lengths: Add the ``_length`` column.
@@ -318,12 +328,12 @@ class PadOrTruncate(Transform):
         if self.length > MAX_PAD_LENGTH:
             raise self._spec_error(
                 f"length must be at most {MAX_PAD_LENGTH} (one row's list is allocated at "
-                f"this length); got {self.length}"
+                f"this length); got {short_repr(self.length)}"
             )
         if isinstance(self.pad_value, bool) or not isinstance(self.pad_value, (int, float)):
             raise self._spec_error(f"pad_value must be a number; got {short_repr(self.pad_value)}")
         if self.side not in ("right", "left"):
-            raise self._spec_error(f"side must be 'right' or 'left'; got {self.side!r}")
+            raise self._spec_error(f"side must be 'right' or 'left'; got {short_repr(self.side)}")
 
     @property
     def out(self) -> str:
@@ -337,19 +347,31 @@ class PadOrTruncate(Transform):
             fs.append(pa.field(f"{self.out}_mask", tensor_type(pa.uint8(), (self.length,))))
         return fs
 
+    def _check_pad(self, value_type: pa.DataType) -> None:
+        """Refuses a ``pad_value`` the list's value type cannot hold: out of an
+        integer type's range or fractional, or finite but infinite in a float type."""
+        try:
+            v = pa.scalar(self.pad_value).cast(value_type, safe=True).as_py()
+            ok = not (
+                pa.types.is_floating(value_type)
+                and np.isfinite(self.pad_value)
+                and not np.isfinite(v)
+            )
+        except (pa.ArrowInvalid, OverflowError):
+            ok = False
+        if not ok:
+            raise self._spec_error(
+                f"pad_value {short_repr(self.pad_value)} does not fit the list's value type "
+                f"{value_type} (column {short_repr(self.column)}); use a value of that type"
+            )
+
     def output_schema(self, schema: pa.Schema) -> pa.Schema:
         t = self._require(schema, self.column, kinds=("list",))
         if not (pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type)):
             raise self._spec_error(
-                f"column {self.column!r} has type {t}; expected a list of numbers"
+                f"column {short_repr(self.column)} has type {t}; expected a list of numbers"
             )
-        try:
-            pa.scalar(self.pad_value).cast(t.value_type, safe=True)
-        except (pa.ArrowInvalid, OverflowError):
-            raise self._spec_error(
-                f"pad_value {self.pad_value!r} does not fit the list's value type "
-                f"{t.value_type} (column {self.column!r}); use a value of that type"
-            ) from None
+        self._check_pad(t.value_type)
         for f in self._fields(t.value_type):
             if f.name in schema.names:
                 schema = schema.set(schema.get_field_index(f.name), f)
@@ -360,6 +382,7 @@ class PadOrTruncate(Transform):
     def __call__(self, table: pa.Table) -> pa.Table:
         col = table.column(self.column)
         value_type = col.type.value_type
+        self._check_pad(value_type)  # also where the schema check was not run
         values, offsets, valid = list_parts(col)
         held_null = null_value_rows(col)
         n, L = len(valid), self.length

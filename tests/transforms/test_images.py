@@ -331,3 +331,85 @@ def test_decode_and_resize_do_not_fuse_where_results_could_differ():
         assert apply_transforms(tbl, chain).equals(want)
     with pytest.raises(SpecError):  # Resize of the still-encoded column is refused
         check_transforms(tbl.schema, chains[2])
+
+
+def _png16(a: np.ndarray) -> bytes:
+    """A 16-bit PNG of uint16 ``a``: greyscale ``(h, w)`` or RGB ``(h, w, 3)``."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    h, w = a.shape[:2]
+    colour = 2 if a.ndim == 3 else 0
+    rows = a.astype(">u2").reshape(h, -1).view(np.uint8)
+    raw = b"".join(b"\x00" + r.tobytes() for r in rows)
+    ihdr = struct.pack(">IIBBBBB", w, h, 16, colour, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(raw))
+            + chunk(b"IEND", b""))
+
+
+def _tiff(a: np.ndarray, mode: str | None = None) -> bytes:
+    buf = io.BytesIO()
+    img = Image.fromarray(a) if mode is None else Image.frombytes(mode, a.shape[::-1], a.tobytes())
+    img.save(buf, format="TIFF")
+    return buf.getvalue()
+
+
+def test_16_bit_grey_images_scale_to_8_bits_in_every_decode_path():
+    """16-bit samples map onto 0..255 by their high byte (v >> 8, as Pillow reads
+    16-bit RGB), never clamped at 255: in every mode, with and without a size,
+    and in the fused decode+resize pass."""
+    ramp = (np.arange(48, dtype=np.uint32).reshape(6, 8) * 65535 // 47).astype(np.uint16)
+    want = (ramp >> 8).astype(np.uint8)
+    data = [
+        _png16(ramp),  # Pillow mode I;16
+        _tiff(ramp.astype(">u2"), "I;16B"),  # big-endian samples
+        _tiff(ramp),  # little-endian I;16
+    ]
+    tbl = pa.table({"image": pa.array(data, pa.binary())})
+    assert [Image.open(io.BytesIO(d)).mode for d in data] == ["I;16", "I;16B", "I;16"]
+    for mode, c in (("L", 1), ("RGB", 3), ("RGBA", 4)):
+        expect = np.repeat(want[:, :, None], c, axis=2)
+        if mode == "RGBA":
+            expect[:, :, 3] = 255
+        for out in (
+            apply_transforms(tbl, [DecodeImage(mode=mode)]),
+            apply_transforms(tbl, [DecodeImage(mode=mode, height=6, width=8)]),
+        ):
+            images, valid = read_images(out.column("image"))
+            assert valid.all()
+            for im in images:
+                np.testing.assert_array_equal(im, expect, err_msg=mode)
+        # Resized: the fused pass equals the two transforms on the scaled pixels.
+        fused = apply_transforms(tbl, [DecodeImage(mode=mode), Resize(height=3, width=4)])
+        two = Resize(height=3, width=4)(DecodeImage(mode=mode)(tbl))
+        assert fused.column("image").equals(two.column("image"))
+        assert read_images(fused.column("image"))[0].max() > 128  # not clamped, not dark
+    # A 16-bit RGB PNG (which Pillow reads as 8-bit RGB) with equal channels decodes
+    # like the greyscale one: one rule for 16-bit samples.
+    rgb = apply_transforms(pa.table({"image": [_png16(np.stack([ramp] * 3, -1))]}), [DecodeImage()])
+    np.testing.assert_array_equal(read_images(rgb.column("image"))[0][0], np.stack([want] * 3, -1))
+
+
+def test_32_bit_integer_and_float_images_are_bad_records_naming_the_mode():
+    """32-bit integer ('I') and float ('F') samples have no standard range: the
+    row is a bad record naming the Pillow mode (refused from the header, with
+    and without a size), never clamped to 0/255."""
+    ints = np.array([[0, 1000, 70000, 40000]], np.int32)
+    floats = np.array([[0.0, 0.5, 1.0, 2.0]], np.float32)
+    tbl = pa.table({
+        "image": pa.array([_tiff(ints), _tiff(floats), _encode(_pixels(1, 4, 0))], pa.binary()),
+        PROVENANCE_FILE: ["imgs/part-0.parquet"] * 3,
+        PROVENANCE_ROW: pa.array([0, 1, 2], pa.int64()),
+    })
+    for decode in (DecodeImage(mode="L"), DecodeImage(mode="L", height=1, width=4)):
+        ok, bad = split_errors(decode(tbl))
+        assert ok.column(PROVENANCE_ROW).to_pylist() == [2]
+        r_int, r_float = bad.column(ERROR_COLUMN).to_pylist()
+        assert "column 'image'" in r_int and "mode 'I'" in r_int and "32-bit integer" in r_int, r_int
+        assert "mode 'F'" in r_float and "32-bit float" in r_float, r_float
+        assert "8- or 16-bit" in r_int
+    with pytest.raises(Exception, match=r"row 0: DecodeImage: .*mode 'I'"):
+        apply_transforms(tbl, [DecodeImage(mode="L")])

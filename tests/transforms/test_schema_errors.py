@@ -55,3 +55,94 @@ def test_unknown_argument_lists_allowed(name):
     fields = [f.name for f in dataclasses.fields(get_transform(name))]
     with pytest.raises(SpecError, match=rf"^{name}: unknown argument 'colour'; allowed arguments: {fields[0]}"):
         transform_from_spec({name: {**MISSING[name], "colour": 1}})
+
+
+# -- hostile sizes: messages quote user values bounded ------------------------------
+
+_HUGE = "x" * 1_000_000  # a spec value
+_NAME = "n" * 1_000_000  # a column name, as data or a spec may bring it
+_HOSTILE_SCHEMA = pa.schema([
+    ("c", pa.int64()), ("s", pa.string()), ("f", pa.float64()),
+    ("tokens", pa.list_(pa.int32())), ("image", pa.binary()),
+    (_NAME + "_int", pa.int64()), (_NAME + "_str", pa.string()),
+    (_NAME + "_list", pa.list_(pa.int32())), (_NAME + "_bin", pa.binary()),
+    ("m" * 90_000, pa.string()),  # a name that fits in a filter expression
+    ("_sf_file", pa.string()), ("_sf_row", pa.int64()),
+])
+_BIG_INT = 1 << 20_000  # beyond Python's int-to-str digit limit
+
+# (transform spec, what the message must name: the transform and the argument).
+# Each message comes from building the transform, checking it against
+# _HOSTILE_SCHEMA, or applying it to one row of that schema.
+HOSTILE_CASES = {
+    "fill_null value": ({"fill_null": {"values": {"c": _HUGE}}}, ["FillNull", "fill value", "'c'"]),
+    "cast type": ({"cast": {"columns": {"c": _HUGE}}}, ["Cast", "unknown type", "column 'c'"]),
+    "cast huge column": ({"cast": {"columns": {_NAME + "_int": "date32"}}}, ["Cast", "cannot cast column 'nnn"]),
+    "rename value": ({"rename": {"mapping": {"c": 5, "s": _HUGE}}}, ["Rename", "mapping"]),
+    "rename collision": ({"rename": {"mapping": {"c": _NAME + "_str"}}}, ["Rename", "collides"]),
+    "select": ({"select": {"columns": ["c", _HUGE]}}, ["Select", "not found", "columns"]),
+    "filter literal list": ({"filter": {"expr": "c in [d" + "e" * 90_000 + " + 1]"}},
+                            ["Filter", "inside a literal list"]),
+    "filter function": ({"filter": {"expr": "f" * 90_000 + "(c) > 0"}}, ["Filter", "function"]),
+    "filter huge column": ({"filter": {"expr": f"col('{'m' * 90_000}') > 1"}}, ["Filter", "type-check"]),
+    "pack strategy": ({"pack_sequences": {"strategy": _HUGE}}, ["PackSequences", "strategy"]),
+    "pack overflow": ({"pack_sequences": {"overflow": [_HUGE]}}, ["PackSequences", "overflow"]),
+    "pack seq_len": ({"pack_sequences": {"seq_len": _HUGE}}, ["PackSequences", "seq_len"]),
+    "pack huge column": ({"pack_sequences": {"column": _NAME + "_int"}}, ["PackSequences", "column 'nnn"]),
+    "tokenize bos_token": ({"tokenize": {"column": "s", "add_bos": True, "bos_token": _HUGE}},
+                           ["Tokenize", "bos_token"]),
+    "tokenize output": ({"tokenize": {"column": "s", "output": {_HUGE: 1}}}, ["Tokenize", "output"]),
+    "tokenize max_length": ({"tokenize": {"column": "s", "max_length": _HUGE}}, ["Tokenize", "max_length"]),
+    "tokenize tokenizer": ({"tokenize": {"column": "s", "tokenizer": "/" + _HUGE, "max_length": 8}},
+                           ["Tokenize", "tokenizer file"]),
+    "tokenize huge column": ({"tokenize": {"column": _NAME + "_int"}}, ["Tokenize", "column 'nnn"]),
+    "vocabulary vocab": ({"vocabulary": {"column": "c", "vocab": [_HUGE]}}, ["Vocabulary", "vocab"]),
+    "vocabulary top_k": ({"vocabulary": {"column": "c", "top_k": _HUGE}}, ["Vocabulary", "top_k"]),
+    "vocabulary huge column": ({"vocabulary": {"column": _NAME + "_bin", "vocab": [1]}},
+                               ["Vocabulary", "column 'nnn"]),
+    "hash_bucket num_buckets": ({"hash_bucket": {"column": "c", "num_buckets": _HUGE}},
+                                ["HashBucket", "num_buckets"]),
+    "hash_bucket huge column": ({"hash_bucket": {"column": _NAME + "_list", "num_buckets": 4}},
+                                ["HashBucket", "column 'nnn"]),
+    "deduplicate huge column": ({"deduplicate": {"columns": [_NAME + "_list"]}}, ["Deduplicate", "column 'nnn"]),
+    "decode_image mode": ({"decode_image": {"mode": _HUGE}}, ["DecodeImage", "mode"]),
+    "decode_image resample": ({"decode_image": {"resample": _HUGE}}, ["DecodeImage", "resample"]),
+    "decode_image root": ({"decode_image": {"root": [_HUGE]}}, ["DecodeImage", "root"]),
+    "decode_image draft": ({"decode_image": {"draft": _HUGE}}, ["DecodeImage", "draft"]),
+    "decode_image max_pixels": ({"decode_image": {"max_pixels": _HUGE}}, ["DecodeImage", "max_pixels"]),
+    "decode_image huge column": ({"decode_image": {"column": _NAME + "_int"}}, ["DecodeImage", "column 'nnn"]),
+    "resize resample": ({"resize": {"height": 2, "width": 2, "resample": _HUGE}}, ["Resize", "resample"]),
+    "resize height": ({"resize": {"height": _HUGE, "width": 2}}, ["Resize", "height"]),
+    "resize huge column": ({"resize": {"column": _NAME + "_int", "height": 2, "width": 2}},
+                           ["Resize", "column 'nnn"]),
+    "center_crop huge column": ({"center_crop": {"column": _NAME + "_int"}}, ["CenterCrop", "column 'nnn"]),
+    "random_flip p": ({"random_flip": {"p": _HUGE}}, ["RandomFlip", "p must"]),
+    "normalize mean": ({"normalize_image": {"mean": _HUGE}}, ["NormalizeImage", "mean"]),
+    "normalize std": ({"normalize_image": {"std": [_HUGE]}}, ["NormalizeImage", "std"]),
+    "normalize dtype": ({"normalize_image": {"dtype": _HUGE}}, ["NormalizeImage", "dtype"]),
+    "standardize dtype": ({"standardize": {"columns": ["f"], "dtype": _HUGE}}, ["Standardize", "dtype"]),
+    "standardize columns": ({"standardize": {"columns": [_HUGE], "mean": {"f": 0}, "std": {"f": 1}}},
+                            ["Standardize", "mean"]),
+    "min_max_scale dtype": ({"min_max_scale": {"columns": ["f"], "dtype": _HUGE}}, ["MinMaxScale", "dtype"]),
+    "pad side": ({"pad_or_truncate": {"column": "tokens", "length": 4, "side": _HUGE}},
+                 ["PadOrTruncate", "side"]),
+    "pad length": ({"pad_or_truncate": {"column": "tokens", "length": _BIG_INT}}, ["PadOrTruncate", "length"]),
+    "pad huge column": ({"pad_or_truncate": {"column": _NAME + "_int", "length": 4}},
+                        ["PadOrTruncate", "column 'nnn"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_CASES))
+def test_messages_quote_huge_spec_values_and_column_names_bounded(case):
+    """A huge spec value or column name is quoted cut (short_repr/printable), never
+    whole: every message stays short and still names the transform and argument."""
+    spec, names = HOSTILE_CASES[case]
+    row = pa.table({f.name: pa.array([None], f.type) for f in _HOSTILE_SCHEMA})
+    with pytest.raises(Exception) as info:  # SpecError, or the tokenizer file's OSError
+        t = transform_from_spec(spec)
+        t.output_schema(_HOSTILE_SCHEMA)
+        t(row)
+    msg = str(info.value)
+    assert len(msg) < 2_000, (case, len(msg), msg[:300])
+    for name in names:
+        assert name in msg, (case, name, msg[:300])

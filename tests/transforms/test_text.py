@@ -240,3 +240,20 @@ def test_pad_or_truncate_schema_errors():
         PadOrTruncate("ids", 0)
     with pytest.raises(SpecError, match=r"side must be 'right' or 'left'; got 'top'"):
         PadOrTruncate("ids", 2, side="top")
+
+
+@pytest.mark.parametrize("value_type, pad_value", [
+    (pa.float32(), 1e308), (pa.float32(), 1e39), (pa.float16(), 70_000.0),
+    (pa.int8(), 300), (pa.uint8(), -1), (pa.int32(), 0.5), (pa.int64(), 2**70),
+])
+def test_pad_value_must_fit_the_column_type(value_type, pad_value):
+    """pad_value is checked against the list's value type in the schema check:
+    out of range, fractional for integers, or finite but infinite in a float
+    type is a SpecError naming pad_value, the type and the column."""
+    tbl = pa.table({"x": pa.array([[1, 2]], pa.list_(value_type))})
+    t = transform_from_spec({"pad_or_truncate": {"column": "x", "length": 4, "pad_value": pad_value}})
+    with pytest.raises(SpecError, match=rf"PadOrTruncate: pad_value .* does not fit the list's value "
+                                        rf"type {value_type} \(column 'x'\)"):
+        t.output_schema(tbl.schema)
+    with pytest.raises(SpecError, match=r"pad_value"):
+        apply_transforms(tbl, [t])
