@@ -88,7 +88,8 @@ class JaxLoader:
         pad_values: Column -> pad value for every column kind (default 0).
         remainder: ``"drop"`` or ``"pad"``; ``mask_key``: the mask's name.
         num_epochs: Epochs to yield (``None``: forever).
-        shuffle, seed, shuffle_buffer_rows: Seeded shuffling.
+        shuffle, seed, shuffle_buffer_rows: Seeded shuffling; ``seed`` is an
+            integer in ``[0, 2**32)`` for every source, each giving its own order.
         mesh, partition_spec: Optional user sharding.
         prefetch: Batches kept on device ahead of the consumer.
         ray_prefetch_batches: Ray Data's own host-side prefetch.

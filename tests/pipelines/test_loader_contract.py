@@ -159,6 +159,23 @@ def test_range_error_names_row_with_shuffle(env, local_dir):
 # --------------------------------------------------------------------------- bfloat16
 
 
+def test_seed_outside_its_range_is_refused_at_construction(env, local_dir):
+    """A negative seed passed the option check and failed at the first shuffled
+    next() with NumPy's bare "expected non-negative integer"; every source
+    takes seeds in [0, 2**32) (the Ray-source shuffle maps each of them to its
+    own stream), so one beyond is refused too, naming seed= and the range."""
+    from slicefeed.pipelines import JaxLoader
+
+    uri = _commit(os.path.join(local_dir, "seed"), [pa.table({"x": np.arange(16, dtype=np.int32)})])
+    for seed in (-1, 2**32, -(2**70)):
+        with pytest.raises(SpecError, match=r"seed must be an integer in \[0, 2\*\*32\), got "):
+            JaxLoader(uri, global_batch_size=8, shuffle=True, seed=seed)
+    for seed in (0, 2**32 - 1):
+        got = np.concatenate([np.asarray(b["x"]) for b in
+                              JaxLoader(uri, global_batch_size=8, shuffle=True, seed=seed)])
+        assert sorted(got.tolist()) == list(range(16))
+
+
 def test_bfloat16_storage_arrives_as_bfloat16_bits(env, local_dir):
     import jax.numpy as jnp
     import ml_dtypes
