@@ -83,7 +83,8 @@ class JaxLoader:
         global_batch_size: Rows per step across all hosts.
         columns: Columns to load (default: all); ``exclude``: columns to leave out.
         dtypes: Host-side, range-checked casts, column -> dtype (NumPy / JAX
-            dtype or name such as ``"bfloat16"``).
+            dtype or name such as ``"bfloat16"``; a non-native byte order such
+            as ``">i4"`` is delivered in native order, ``None`` is refused).
         pad_lengths: Column -> length for variable-length list columns.
         pad_values: Column -> pad value for every column kind (default 0).
         remainder: ``"drop"`` or ``"pad"``; ``mask_key``: the mask's name.

@@ -159,6 +159,26 @@ def test_range_error_names_row_with_shuffle(env, local_dir):
 # --------------------------------------------------------------------------- bfloat16
 
 
+def test_dtypes_byte_order_is_native_and_none_is_refused(env, local_dir):
+    """A big-endian dtypes= target ('>i4') names the same values as its native
+    twin and is delivered as that (JAX holds native order only; it failed at
+    the first batch with JAX's bare TypeError); None is no dtype (NumPy reads
+    it as float64) and is refused at construction naming the column."""
+    from slicefeed.pipelines import JaxLoader
+
+    vals = np.arange(16, dtype=np.int32)
+    uri = _commit(os.path.join(local_dir, "byteorder"), [pa.table({"x": vals})])
+    for dtype, want in ((">i4", np.int32), ("<f4", np.float32), (np.dtype(">f4"), np.float32),
+                        (">u2", np.uint16)):
+        (b0, b1) = JaxLoader(uri, global_batch_size=8, dtypes={"x": dtype}, prefetch=0)
+        got = np.concatenate([np.asarray(b0["x"]), np.asarray(b1["x"])])
+        assert got.dtype == np.dtype(want), dtype
+        np.testing.assert_array_equal(got, vals.astype(want))
+    with pytest.raises(SpecError, match=r"dtypes\['x'\] = None is not a dtype.*leave 'x' out "
+                       r"of dtypes="):
+        JaxLoader(uri, global_batch_size=8, dtypes={"x": None})
+
+
 def test_seed_outside_its_range_is_refused_at_construction(env, local_dir):
     """A negative seed passed the option check and failed at the first shuffled
     next() with NumPy's bare "expected non-negative integer"; every source
