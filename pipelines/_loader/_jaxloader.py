@@ -119,7 +119,11 @@ class JaxLoader:
         SpecError: Bad arguments; unknown, string, unpadded or 64-bit columns
             (see ``dtypes``); a global batch the devices cannot split evenly
             (the message suggests one); an empty source; a ``state`` saved for
-            another configuration.
+            another configuration. From ``next()``: a value ``dtypes`` cannot
+            hold; a shard of a committed dataset whose schema is not its
+            manifest's for a delivered column (another type or bfloat16 marker;
+            ``MissingColumnError``: the column is missing), whatever the shuffle
+            window; only a difference in declared nullability is accepted.
     """
 
     def __init__(

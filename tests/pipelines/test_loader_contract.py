@@ -237,6 +237,66 @@ def test_bfloat16_storage_arrives_as_bfloat16_bits(env, local_dir):
         loader.close()
 
 
+#: Reads that put a committed dataset's shards into one window (the default
+#: unshuffled ~32 MB window, a shuffle's default buffer), windows of a few row
+#: groups that straddle shards, windows of one row group, and Ray read tasks.
+_SHARD_READS = [{}, {"shuffle": True, "seed": 0}, {"shuffle": True, "seed": 1, "shuffle_buffer_rows": 8},
+                {"shuffle": True, "seed": 2, "shuffle_buffer_rows": 4}, {"reader": "ray"}]
+
+
+@pytest.mark.parametrize("read", _SHARD_READS, ids=["one-window", "shuffled", "buffer-8",
+                                                    "buffer-4", "ray-reader"])
+def test_shard_that_differs_from_the_manifest_is_named_in_every_window(env, local_dir, read):
+    """Every shard of a committed dataset has the manifest's schema; one that was
+    changed after the commit is refused naming the file, the column and both
+    types (or bfloat16 markers) whatever the window: when two shards shared a
+    window Arrow's concatenation kept the first one's field metadata, so plain
+    uint16 integers arrived as bfloat16 numbers (16256 as 1.0), or it raised
+    its bare ArrowInvalid "Schema at index 1 was different"."""
+    from slicefeed.connectors import MissingColumnError
+    from slicefeed.pipelines import JaxLoader
+    from slicefeed.transforms._dtypes import bfloat16_field
+
+    ids = np.arange(32, dtype=np.int32)
+    bits = np.full(32, 16256, dtype=np.uint16)  # 1.0 as bfloat16 bits
+    marked = pa.schema([pa.field("id", pa.int32()), bfloat16_field("v")])
+    plain = pa.schema([pa.field("id", pa.int32()), pa.field("v", pa.uint16())])
+
+    def tables(schema_a, schema_b, b_ids=ids[12:]):
+        return [pa.Table.from_arrays([pa.array(ids[:12]), pa.array(bits[:12])], schema=schema_a),
+                pa.Table.from_arrays([pa.array(b_ids), pa.array(bits[12:])], schema=schema_b)]
+
+    cases = [
+        (SpecError, (r"column 'v' is plain uint16 in shard '[^']*part-00001\.parquet', but "
+                    r"bfloat16 bits \(slicefeed.dtype metadata\) in the dataset's manifest"),
+         tables(marked, plain)),
+        (SpecError, (r"column 'v' is bfloat16 bits \(slicefeed.dtype metadata\) in shard "
+                    r"'[^']*part-00001\.parquet', but plain uint16 in the dataset's manifest"),
+         tables(plain, marked)),
+        (SpecError, (r"column 'id' is int64 in shard '[^']*part-00001\.parquet', but int32 in "
+                    r"the dataset's manifest"),
+         tables(plain, pa.schema([pa.field("id", pa.int64()), pa.field("v", pa.uint16())]),
+                ids[12:].astype(np.int64))),
+        (MissingColumnError, r"column 'v' is missing from shard '[^']*part-00001\.parquet'",
+         [tables(plain, plain)[0], pa.table({"id": ids[12:]})]),
+    ]
+    for k, (error, match, tabs) in enumerate(cases):
+        uri = _commit(os.path.join(local_dir, f"changed-{k}"), tabs)
+        with pytest.raises(error, match=match + r".*modified or replaced after the commit.*"
+                                               r"rewrite the dataset with --overwrite") as e:
+            list(JaxLoader(uri, global_batch_size=8, **read))
+        assert len(str(e.value)) < 1000
+    # Only the declared nullability differs, every value is valid: the values are
+    # the manifest's, so the shards load alike in every window (as nullable).
+    for k, first in enumerate((False, True)):
+        fields = [pa.field("id", pa.int32(), nullable=first), pa.field("v", pa.uint16())]
+        other = [pa.field("id", pa.int32(), nullable=not first), pa.field("v", pa.uint16())]
+        uri = _commit(os.path.join(local_dir, f"nullable-{k}"),
+                      tables(pa.schema(fields), pa.schema(other)))
+        got = [np.asarray(b["id"]) for b in JaxLoader(uri, global_batch_size=8, **read)]
+        assert sorted(np.concatenate(got).tolist()) == list(range(32))
+
+
 # --------------------------------------------------------------------------- padding
 
 
