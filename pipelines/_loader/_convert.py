@@ -73,11 +73,21 @@ def resolve_dtype(dtype: Any) -> np.dtype:
 
 def _output_dtype(c: str, dtype: Any) -> np.dtype:
     """``dtypes[c]`` as a NumPy dtype a JAX array can hold and a range check can
-    guard: bool, (u)int8-64, float16/32/64 or bfloat16; else SpecError."""
+    guard: bool, (u)int8-64, float16/32/64 or bfloat16; else SpecError. A
+    non-native byte order (``">i4"``) names the same values, and JAX holds
+    native order only: it is delivered in native order."""
+    if dtype is None:
+        # np.dtype(None) is float64: a None here is a mistake, not a choice.
+        raise SpecError(
+            f"JaxLoader: dtypes[{short_repr(c)}] = None is not a dtype; leave {short_repr(c)} "
+            f"out of dtypes= to keep its own type, or name one (bool, int8-int64, "
+            f"uint8-uint64, float16/32/64 or bfloat16).")
     try:
         dt = resolve_dtype(dtype)
     except (TypeError, ValueError):
         dt = None
+    if dt is not None and not dt.isnative:
+        dt = dt.newbyteorder("=")
     if dt is None or not (dt == _bfloat16() or (dt.kind in "biuf" and dt.itemsize <= 8)):
         raise SpecError(
             f"JaxLoader: dtypes[{c!r}] = {str(dtype)[:40]!r} is not an output dtype the "

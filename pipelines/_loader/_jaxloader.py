@@ -83,12 +83,14 @@ class JaxLoader:
         global_batch_size: Rows per step across all hosts.
         columns: Columns to load (default: all); ``exclude``: columns to leave out.
         dtypes: Host-side, range-checked casts, column -> dtype (NumPy / JAX
-            dtype or name such as ``"bfloat16"``).
+            dtype or name such as ``"bfloat16"``; a non-native byte order such
+            as ``">i4"`` is delivered in native order, ``None`` is refused).
         pad_lengths: Column -> length for variable-length list columns.
         pad_values: Column -> pad value for every column kind (default 0).
         remainder: ``"drop"`` or ``"pad"``; ``mask_key``: the mask's name.
         num_epochs: Epochs to yield (``None``: forever).
-        shuffle, seed, shuffle_buffer_rows: Seeded shuffling.
+        shuffle, seed, shuffle_buffer_rows: Seeded shuffling; ``seed`` is an
+            integer in ``[0, 2**32)`` for every source, each giving its own order.
         mesh, partition_spec: Optional user sharding.
         prefetch: Batches kept on device ahead of the consumer.
         ray_prefetch_batches: Ray Data's own host-side prefetch.
@@ -117,7 +119,11 @@ class JaxLoader:
         SpecError: Bad arguments; unknown, string, unpadded or 64-bit columns
             (see ``dtypes``); a global batch the devices cannot split evenly
             (the message suggests one); an empty source; a ``state`` saved for
-            another configuration.
+            another configuration. From ``next()``: a value ``dtypes`` cannot
+            hold; a shard of a committed dataset whose schema is not its
+            manifest's for a delivered column (another type or bfloat16 marker;
+            ``MissingColumnError``: the column is missing), whatever the shuffle
+            window; only a difference in declared nullability is accepted.
     """
 
     def __init__(

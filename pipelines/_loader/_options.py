@@ -10,6 +10,9 @@ from slicefeed.connectors import SpecError
 from slicefeed.connectors._errors import short_repr
 from slicefeed.pipelines._loader._convert import MASK_KEY
 
+#: Seeds are ``0 <= seed < SEED_LIMIT`` for every source (see ``__post_init__``).
+SEED_LIMIT = 2**32
+
 
 @dataclasses.dataclass(frozen=True)
 class LoaderOptions:
@@ -62,8 +65,13 @@ class LoaderOptions:
         integer("ray_prefetch_batches", 0)
         integer("local_read_ahead", 1)
         integer("shuffle_buffer_rows", 1, none_ok=True)
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
-            raise SpecError(f"JaxLoader: seed must be an integer, got {short_repr(self.seed)}.")
+        if (not isinstance(self.seed, int) or isinstance(self.seed, bool)
+                or not 0 <= self.seed < SEED_LIMIT):
+            # The Ray-source shuffle seeds its buffer with (seed * 1_000_003 + epoch)
+            # mod 2**32: an odd multiplier maps each seed below 2**32 to its own
+            # stream; a committed dataset's plan takes any non-negative integer.
+            raise SpecError(f"JaxLoader: seed must be an integer in [0, 2**32), got "
+                            f"{short_repr(self.seed)}.")
         if not (isinstance(self.sync_timeout_s, (int, float)) and self.sync_timeout_s > 0):
             raise SpecError(
                 "JaxLoader: sync_timeout_s must be a positive number, "

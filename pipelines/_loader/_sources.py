@@ -361,7 +361,7 @@ class _Stream:
     inside a row group)."""
 
     def __init__(self, pf: Any, lo: int, hi: int, columns: list[str], batch_rows: int,
-                 counters: dict):
+                 counters: dict, conform: Callable[[pa.Table], pa.Table] = lambda t: t):
         idx, first, _ = _overlapping_groups(pf, lo, hi)
         self.pos = lo  # next row this stream delivers
         self._at = first  # file row of the next decoded batch's first row
@@ -370,6 +370,7 @@ class _Stream:
                                    columns=columns)
         self._carry: tuple[pa.Table, int, int] | None = None
         self._counters = counters
+        self._conform = conform  # each decoded table, before it meets another's rows
 
     def take(self, n: int) -> list[tuple[pa.Table, int, int]]:
         """The next ``n`` rows as ``(unsliced table, a, z)`` parts (rows ``a:z``)."""
@@ -377,7 +378,7 @@ class _Stream:
         while n > 0:
             if self._carry is None:
                 batch = next(self._it)
-                t = pa.Table.from_batches([batch])
+                t = self._conform(pa.Table.from_batches([batch]))
                 self._counters["rows_decoded"] += t.num_rows
                 a = max(self.pos - self._at, 0)
                 self._carry = (t, a, min(t.num_rows, self._hi - self._at))
@@ -505,8 +506,84 @@ def _read_groups(pf: Any, idx: list[int], columns: list[str],
             f.cancel()
 
 
+def shard_schema(schema: pa.Schema, columns: list[str]) -> pa.Schema:
+    """The schema every table :func:`read_run` delivers: the manifest's fields
+    of ``columns``, in that order, all nullable (a shard may declare a column
+    ``not null`` and another not; the values are what the loader delivers, and
+    a null among them is refused where it is converted)."""
+    return pa.schema([schema.field(c).with_nullable(True) for c in columns])
+
+
+def _marker(field: pa.Field) -> str:
+    """``field``'s type for a message, saying whether it holds bfloat16 bits."""
+    from slicefeed.connectors import printable
+    from slicefeed.transforms import is_bfloat16_field
+
+    t = printable(str(field.type), 200)
+    if not is_bfloat16_field(field):
+        return f"plain {t}"
+    if field.type == pa.uint16():
+        return "bfloat16 bits (slicefeed.dtype metadata)"
+    return f"bfloat16 bits in {t} (slicefeed.dtype metadata)"
+
+
+def check_shard(have: pa.Schema, want: pa.Schema, path: str, version: int | None) -> None:
+    """A shard's own schema (``have``, from its footer) holds every field of
+    ``want`` (:func:`shard_schema`) with the same type and bfloat16 marker;
+    nullability may differ. Checked once per shard a run opens, before any of
+    its rows meet another shard's: Arrow concatenates tables under the first
+    one's field metadata, so a shard without the marker would be read as
+    bfloat16, and tables of two types not at all.
+
+    Raises:
+        MissingColumnError: a column of ``want`` is not in the shard.
+        SpecError: a column of another type or marker, or written twice.
+    """
+    from slicefeed.connectors import MissingColumnError, printable
+    from slicefeed.transforms import is_bfloat16_field
+
+    where = f"shard {printable(path, 300)!r}"
+    manifest = "the dataset's manifest" + (f" (version {version})" if version is not None else "")
+    redo = ("the shard was modified or replaced after the commit (every shard is committed with "
+            "the manifest's schema); rewrite the dataset with --overwrite")
+    for field in want:
+        name = printable(field.name, 100)
+        found = have.get_all_field_indices(field.name)
+        if not found:
+            raise MissingColumnError(
+                f"JaxLoader: column {name!r} is missing from {where}, though {manifest} lists "
+                f"it: {redo}, or leave the column out with exclude=[{name!r}].")
+        if len(found) > 1:
+            raise SpecError(
+                f"JaxLoader: column {name!r} appears {len(found)} times in {where}, once in "
+                f"{manifest}: {redo}.")
+        theirs = have.field(found[0])
+        if is_bfloat16_field(theirs) != is_bfloat16_field(field):
+            raise SpecError(
+                f"JaxLoader: column {name!r} is {_marker(theirs)} in {where}, but "
+                f"{_marker(field)} in {manifest}: reading one as the other would change every "
+                f"value; {redo}.")
+        if theirs.type != field.type:
+            raise SpecError(
+                f"JaxLoader: column {name!r} is {printable(str(theirs.type), 200)} in {where}, "
+                f"but {printable(str(field.type), 200)} in {manifest}: reading it as the "
+                f"manifest's type could change its values; {redo}.")
+
+
+def _conformed(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table``, read from a shard :func:`check_shard` passed, under ``schema``
+    (its columns in that order, the manifest's nullability and field metadata),
+    so that tables of different shards concatenate (zero-copy: the same arrays)."""
+    if table.column_names != schema.names:
+        table = table.select(schema.names)
+    if table.schema.equals(schema):
+        return table
+    # from_arrays does not compare types: check_shard did, for every column.
+    return pa.Table.from_arrays(table.columns, schema=schema)
+
+
 def read_run(batch: dict, *, fs, base_dir: str, columns: list[str], version: int | None = None,
-             report: Any = None, concurrent_batch_rows: int = 0) -> Iterator[pa.Table]:
+             schema: pa.Schema | None = None, report: Any = None, concurrent_batch_rows: int = 0) -> Iterator[pa.Table]:
     """Reads one run of windows (see :func:`_plan.read_runs`), one table per
     window; also the Ray Data ``map_batches`` function of ``reader="ray"``.
     A window is ``{"pieces", "rng", "skip", "key"}`` and optionally ``"stop"``:
@@ -522,6 +599,9 @@ def read_run(batch: dict, *, fs, base_dir: str, columns: list[str], version: int
     local files are then opened as Arrow ``OSFile`` s); 0 (off) in a Ray task,
     which holds one CPU. A shard that is gone raises the error naming what
     removes such files (:func:`._shards.gone`; ``version``: the manifest's).
+    ``schema`` (:func:`shard_schema`): every shard is checked against it when
+    opened (:func:`check_shard`) and its tables delivered under it, so a
+    window's tables from several shards concatenate; ``None``: unchecked.
     """
     assert len(batch["w"]) == 1
     spec = json.loads(batch["spec"][0])
@@ -555,12 +635,17 @@ def read_run(batch: dict, *, fs, base_dir: str, columns: list[str], version: int
                 opened[path] = _open_shard(f, f"{base_dir}/{path}", expect.get(path))
                 if native is not None:
                     sources[path] = lambda f=f: f  # positional reads: one file for all
+            if schema is not None:
+                check_shard(opened[path].schema_arrow, schema, f"{base_dir}/{path}", version)
             return opened[path]
+
+        def conform(t: pa.Table) -> pa.Table:
+            return t if schema is None else _conformed(t, schema)
 
         if len(wins) > 1:  # the chunks of one piece: one stream for all of them
             path = wins[0]["pieces"][0][0]
             stream = _Stream(shard(path), wins[0]["pieces"][0][1], wins[-1]["pieces"][-1][2],
-                             columns, batch_rows, counters)
+                             columns, batch_rows, counters, conform)
         for w in wins:
             if stream is None:
                 counters = _new_counters()
@@ -572,12 +657,13 @@ def read_run(batch: dict, *, fs, base_dir: str, columns: list[str], version: int
                 pf = shard(path)
                 idx, _, exact = _overlapping_groups(pf, lo, hi)
                 if exact:
-                    t = _read_groups(pf, idx, columns, sources.get(path),
-                                     concurrent_batch_rows)
+                    t = conform(_read_groups(pf, idx, columns, sources.get(path),
+                                             concurrent_batch_rows))
                     counters["rows_decoded"] += t.num_rows
                     parts.append((t, 0, t.num_rows))
                 else:
-                    parts += _Stream(pf, lo, hi, columns, hi - lo, counters).take(hi - lo)
+                    parts += _Stream(pf, lo, hi, columns, hi - lo, counters,
+                                     conform).take(hi - lo)
             table = _window_table(parts, spec["shuffle"], w["rng"], w["skip"], w.get("stop"),
                                   counters)
             del parts
@@ -930,6 +1016,7 @@ class ManifestSource:
             "base_dir": self.resolved.path.rstrip("/"),
             "columns": list(ctx.columns),
             "version": self.version,
+            "schema": shard_schema(self.manifest.schema, list(ctx.columns)),
         }
         if ctx.reader == "local":
             local = {**fn_kwargs, "report": ctx.on_read, "concurrent_batch_rows": ctx.batch_rows}

@@ -159,6 +159,43 @@ def test_range_error_names_row_with_shuffle(env, local_dir):
 # --------------------------------------------------------------------------- bfloat16
 
 
+def test_dtypes_byte_order_is_native_and_none_is_refused(env, local_dir):
+    """A big-endian dtypes= target ('>i4') names the same values as its native
+    twin and is delivered as that (JAX holds native order only; it failed at
+    the first batch with JAX's bare TypeError); None is no dtype (NumPy reads
+    it as float64) and is refused at construction naming the column."""
+    from slicefeed.pipelines import JaxLoader
+
+    vals = np.arange(16, dtype=np.int32)
+    uri = _commit(os.path.join(local_dir, "byteorder"), [pa.table({"x": vals})])
+    for dtype, want in ((">i4", np.int32), ("<f4", np.float32), (np.dtype(">f4"), np.float32),
+                        (">u2", np.uint16)):
+        (b0, b1) = JaxLoader(uri, global_batch_size=8, dtypes={"x": dtype}, prefetch=0)
+        got = np.concatenate([np.asarray(b0["x"]), np.asarray(b1["x"])])
+        assert got.dtype == np.dtype(want), dtype
+        np.testing.assert_array_equal(got, vals.astype(want))
+    with pytest.raises(SpecError, match=r"dtypes\['x'\] = None is not a dtype.*leave 'x' out "
+                       r"of dtypes="):
+        JaxLoader(uri, global_batch_size=8, dtypes={"x": None})
+
+
+def test_seed_outside_its_range_is_refused_at_construction(env, local_dir):
+    """A negative seed passed the option check and failed at the first shuffled
+    next() with NumPy's bare "expected non-negative integer"; every source
+    takes seeds in [0, 2**32) (the Ray-source shuffle maps each of them to its
+    own stream), so one beyond is refused too, naming seed= and the range."""
+    from slicefeed.pipelines import JaxLoader
+
+    uri = _commit(os.path.join(local_dir, "seed"), [pa.table({"x": np.arange(16, dtype=np.int32)})])
+    for seed in (-1, 2**32, -(2**70)):
+        with pytest.raises(SpecError, match=r"seed must be an integer in \[0, 2\*\*32\), got "):
+            JaxLoader(uri, global_batch_size=8, shuffle=True, seed=seed)
+    for seed in (0, 2**32 - 1):
+        got = np.concatenate([np.asarray(b["x"]) for b in
+                              JaxLoader(uri, global_batch_size=8, shuffle=True, seed=seed)])
+        assert sorted(got.tolist()) == list(range(16))
+
+
 def test_bfloat16_storage_arrives_as_bfloat16_bits(env, local_dir):
     import jax.numpy as jnp
     import ml_dtypes
@@ -198,6 +235,66 @@ def test_bfloat16_storage_arrives_as_bfloat16_bits(env, local_dir):
         )
         assert np.asarray(b["s"]).dtype == np.dtype(ml_dtypes.bfloat16)
         loader.close()
+
+
+#: Reads that put a committed dataset's shards into one window (the default
+#: unshuffled ~32 MB window, a shuffle's default buffer), windows of a few row
+#: groups that straddle shards, windows of one row group, and Ray read tasks.
+_SHARD_READS = [{}, {"shuffle": True, "seed": 0}, {"shuffle": True, "seed": 1, "shuffle_buffer_rows": 8},
+                {"shuffle": True, "seed": 2, "shuffle_buffer_rows": 4}, {"reader": "ray"}]
+
+
+@pytest.mark.parametrize("read", _SHARD_READS, ids=["one-window", "shuffled", "buffer-8",
+                                                    "buffer-4", "ray-reader"])
+def test_shard_that_differs_from_the_manifest_is_named_in_every_window(env, local_dir, read):
+    """Every shard of a committed dataset has the manifest's schema; one that was
+    changed after the commit is refused naming the file, the column and both
+    types (or bfloat16 markers) whatever the window: when two shards shared a
+    window Arrow's concatenation kept the first one's field metadata, so plain
+    uint16 integers arrived as bfloat16 numbers (16256 as 1.0), or it raised
+    its bare ArrowInvalid "Schema at index 1 was different"."""
+    from slicefeed.connectors import MissingColumnError
+    from slicefeed.pipelines import JaxLoader
+    from slicefeed.transforms._dtypes import bfloat16_field
+
+    ids = np.arange(32, dtype=np.int32)
+    bits = np.full(32, 16256, dtype=np.uint16)  # 1.0 as bfloat16 bits
+    marked = pa.schema([pa.field("id", pa.int32()), bfloat16_field("v")])
+    plain = pa.schema([pa.field("id", pa.int32()), pa.field("v", pa.uint16())])
+
+    def tables(schema_a, schema_b, b_ids=ids[12:]):
+        return [pa.Table.from_arrays([pa.array(ids[:12]), pa.array(bits[:12])], schema=schema_a),
+                pa.Table.from_arrays([pa.array(b_ids), pa.array(bits[12:])], schema=schema_b)]
+
+    cases = [
+        (SpecError, (r"column 'v' is plain uint16 in shard '[^']*part-00001\.parquet', but "
+                    r"bfloat16 bits \(slicefeed.dtype metadata\) in the dataset's manifest"),
+         tables(marked, plain)),
+        (SpecError, (r"column 'v' is bfloat16 bits \(slicefeed.dtype metadata\) in shard "
+                    r"'[^']*part-00001\.parquet', but plain uint16 in the dataset's manifest"),
+         tables(plain, marked)),
+        (SpecError, (r"column 'id' is int64 in shard '[^']*part-00001\.parquet', but int32 in "
+                    r"the dataset's manifest"),
+         tables(plain, pa.schema([pa.field("id", pa.int64()), pa.field("v", pa.uint16())]),
+                ids[12:].astype(np.int64))),
+        (MissingColumnError, r"column 'v' is missing from shard '[^']*part-00001\.parquet'",
+         [tables(plain, plain)[0], pa.table({"id": ids[12:]})]),
+    ]
+    for k, (error, match, tabs) in enumerate(cases):
+        uri = _commit(os.path.join(local_dir, f"changed-{k}"), tabs)
+        with pytest.raises(error, match=match + r".*modified or replaced after the commit.*"
+                                               r"rewrite the dataset with --overwrite") as e:
+            list(JaxLoader(uri, global_batch_size=8, **read))
+        assert len(str(e.value)) < 1000
+    # Only the declared nullability differs, every value is valid: the values are
+    # the manifest's, so the shards load alike in every window (as nullable).
+    for k, first in enumerate((False, True)):
+        fields = [pa.field("id", pa.int32(), nullable=first), pa.field("v", pa.uint16())]
+        other = [pa.field("id", pa.int32(), nullable=not first), pa.field("v", pa.uint16())]
+        uri = _commit(os.path.join(local_dir, f"nullable-{k}"),
+                      tables(pa.schema(fields), pa.schema(other)))
+        got = [np.asarray(b["id"]) for b in JaxLoader(uri, global_batch_size=8, **read)]
+        assert sorted(np.concatenate(got).tolist()) == list(range(32))
 
 
 # --------------------------------------------------------------------------- padding
