@@ -37,6 +37,8 @@ from typing import Any
 #: (packing) an id outside int32, is a bad row (was written as garbage or
 #: wrapped). Scalers: NaN skipped in the fit (was a 0 statistic), a constant
 #: column maps to 0. ``deduplicate``: 0.0 and -0.0 are one key.
+#: ``decode_image``: 16-bit greyscale is scaled to 8 bits (was clamped), 32-bit
+#: and float images are bad rows.
 OUTPUT_FORMAT_VERSION = 3
 
 #: Manifest metadata key holding the fingerprint's parts (for "what changed").
