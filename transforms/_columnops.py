@@ -40,6 +40,7 @@ class Select(Transform):
     """
 
     name: ClassVar[str] = "select"
+    reads_only: ClassVar[bool] = True
     columns: tuple[str, ...]
 
     def __post_init__(self) -> None:
@@ -325,6 +326,7 @@ class Filter(Transform):
     """
 
     name: ClassVar[str] = "filter"
+    reads_only: ClassVar[bool] = True
     expr: str
 
     def __post_init__(self) -> None:

@@ -91,6 +91,11 @@ class Transform:
     #: Whether output rows are not input rows (PackSequences merges and splits
     #: rows): the runner must not count ``rows_in - rows_out`` as filtered.
     reshapes_rows: ClassVar[bool] = False
+    #: Whether the transform only reads the columns it names (``filter``,
+    #: ``select``, ``deduplicate``): it may name slicefeed's own columns
+    #: (``_sf_file``, ...). Others change a named column in place unless they
+    #: write an ``output`` of their own, and may not name them.
+    reads_only: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -179,7 +184,20 @@ class Transform:
         kinds: Sequence[str] = (),
         arg: str = "column",
     ) -> pa.DataType:
-        """Checks ``column`` exists (and has one of ``kinds``); returns its type."""
+        """Checks ``column`` exists (and has one of ``kinds``); returns its type.
+
+        Raises:
+            SpecError: also when the transform would change one of slicefeed's
+                own columns (row identity, bad-record markers) in place.
+        """
+        output = getattr(self, "output", None)
+        if column in RESERVED_COLUMNS and not self.reads_only and output in (None, column):
+            raise SpecError(
+                f"{self._label()}: column {short_repr(column)} is slicefeed's own column (the row "
+                "identity and bad-record markers); it cannot be changed in place. Name "
+                "another column in the " + short_repr(arg) + " argument" + (
+                    ", or give `output` a column of your own" if hasattr(self, "output") else "") + "."
+            )
         if column not in schema.names:
             avail = ", ".join(n for n in schema.names if n not in RESERVED_COLUMNS)
             raise MissingColumnError(

@@ -42,6 +42,7 @@ class Deduplicate(Transform):
     """
 
     name: ClassVar[str] = "deduplicate"
+    reads_only: ClassVar[bool] = True
     is_dataset_op: ClassVar[bool] = True
     columns: tuple[str, ...] | None = None
 

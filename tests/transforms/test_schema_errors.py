@@ -146,3 +146,24 @@ def test_messages_quote_huge_spec_values_and_column_names_bounded(case):
     assert len(msg) < 2_000, (case, len(msg), msg[:300])
     for name in names:
         assert name in msg, (case, name, msg[:300])
+
+
+@pytest.mark.parametrize("spec", [
+    {"cast": {"columns": {"_sf_row": "int8"}}},
+    {"fill_null": {"values": {"_sf_row": 0}}},
+    {"standardize": {"columns": ["_sf_row"], "mean": {"_sf_row": 0.0}, "std": {"_sf_row": 1.0}}},
+    {"hash_bucket": {"column": "_sf_file", "num_buckets": 4}},
+    {"vocabulary": {"column": "_sf_file", "vocab": ["a"]}},
+])
+def test_transforms_refuse_to_change_slicefeed_own_columns_in_place(spec):
+    """`cast: {_sf_row: int8}` passed validation and then quarantined valid
+    rows (row numbers past 127 do not fit int8) with their row identity
+    nulled. A transform that would change slicefeed's own columns in place is
+    refused by the schema check; reading them into a column of one's own is
+    allowed (`hash_bucket` of `_sf_file` into `split`)."""
+    schema = pa.schema([("x", pa.int64()), ("_sf_file", pa.string()), ("_sf_row", pa.int64())])
+    with pytest.raises(SpecError, match=r"'_sf_(row|file)' is slicefeed's own column"):
+        transform_from_spec(spec).output_schema(schema)
+    ok = transform_from_spec({"hash_bucket": {"column": "_sf_file", "num_buckets": 4,
+                                              "output": "split"}}).output_schema(schema)
+    assert ok.field("split").type == pa.int32() and ok.field("_sf_file").type == pa.string()
