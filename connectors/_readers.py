@@ -579,6 +579,27 @@ def _unclosed_quote(data: bytes, table: pa.Table) -> int | None:
     return max(data.rfind(b'"', 0, len(data) - len(last) + 1), 0)
 
 
+def _csv_records(data: bytes, delimiter: str) -> list[bytes]:
+    """The raw bytes of every record of CSV ``data`` after the header, as written
+    (line ending left out; a quoted line break kept), in the order pyarrow reads
+    them (empty lines are no records). Error path only: Python's ``csv`` module
+    over the bytes read as Latin-1, one character per byte, so the record's
+    lines are found from the reader's line count."""
+    import csv
+    import io
+
+    lines = data.splitlines(keepends=True)
+    reader = csv.reader(io.StringIO(data.decode("latin-1"), newline=""), delimiter=delimiter)
+    out: list[bytes] = []
+    start = 0
+    for i, fields in enumerate(reader):
+        end = reader.line_num
+        if i > 0 and fields:
+            out.append(b"".join(lines[start:end]).rstrip(b"\r\n"))
+        start = end
+    return out
+
+
 class CsvDatasource(_SlicefeedFileDatasource):
     """CSV with a header row; the delimiter is given, or follows the file name (``.tsv``)."""
 
@@ -588,8 +609,11 @@ class CsvDatasource(_SlicefeedFileDatasource):
         super().__init__(*args, **kwargs)
         self._delimiter = delimiter
 
+    def _delimiter_of(self, path: str) -> str:
+        return FORMATS["csv"].options_for(path, {"delimiter": self._delimiter})["delimiter"]
+
     def _read_file(self, f: pa.NativeFile, path: str) -> Iterator[pa.Table]:
-        delimiter = FORMATS["csv"].options_for(path, {"delimiter": self._delimiter})["delimiter"]
+        delimiter = self._delimiter_of(path)
         data = f.readall()
         try:
             table = read_csv_bytes(data, delimiter, columns=self._columns)
@@ -622,9 +646,10 @@ class CsvDatasource(_SlicefeedFileDatasource):
         no value float64 changed. pyarrow's CSV reader makes a column holding invalid
         UTF-8 ``binary`` (a CSV has no binary columns), and a column holding an
         integer beyond int64, or fractions, float64: each record with invalid
-        UTF-8 (raw bytes: the value), with an integer float64 would round, or
+        UTF-8, with an integer float64 would round, or
         with a number beyond float64's range (made infinite) is a bad record,
-        and a binary column becomes ``string`` again.
+        and a binary column becomes ``string`` again. A bad record's raw bytes
+        are the record as written (:func:`_csv_records`).
         ``data`` is the file's text and ``as_text(names)`` re-reads columns as
         strings (see :func:`~slicefeed.connectors._formats.csv_text`)."""
         # A header naming a kept column twice is the file's error, before any record's.
@@ -651,6 +676,15 @@ class CsvDatasource(_SlicefeedFileDatasource):
         if bad and not self._mark_errors:
             first = min(bad)
             raise BadRecordError(f"{self._uri(path)}: {bad[first][0]}. {_FIX_HINT}")
+        if bad:
+            # The quarantine keeps each bad record as written, not only its value.
+            records = _csv_records(data, self._delimiter_of(path))
+            for i, (why, raw) in bad.items():
+                r = int(rows[i])
+                # Rows are numbered by line where records were skipped: a record
+                # that does not hold the value is another one, so keep the value.
+                if 0 <= r < len(records) and raw in records[r]:
+                    bad[i] = (why, records[r])
         keep = np.ones(table.num_rows, dtype=bool)
         keep[list(bad)] = False
         good = table.filter(pa.array(keep))

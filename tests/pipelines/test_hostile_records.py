@@ -173,14 +173,20 @@ def test_invalid_utf8_is_a_bad_record_never_committed(ray_cluster, local_dir, fm
     into binary: the record is a bad record, the other rows keep their types."""
     from slicefeed.connectors import BadRecordError
 
+    texts = [f"t{i}" for i in range(20)]
     if fmt == "jsonl":
         body = b"".join(b'{"id": %d, "text": "t%d"}\n' % (i, i) for i in range(20))
         body = body.replace(b'"t7"', b'"t\xff\xfe7"')
         where = r"line 8 \(row 7\)"
+        raw = b'{"id": 7, "text": "t\xff\xfe7"}'
     else:
         body = b"id,text\n" + b"".join(b"%d,t%d\n" % (i, i) for i in range(20))
         body = body.replace(b",t7\n", b",t\xff\xfe7\n")
+        # A quoted line break before it: records are not lines.
+        body = body.replace(b",t3\n", b',"t\n3"\n')
+        texts[3] = "t\n3"
         where = r"row 7: column 'text' is not valid UTF-8"
+        raw = b"7,t\xff\xfe7"
     put_bytes(f"{local_dir}/raw/a.{fmt}", body)
     with pytest.raises(BadRecordError, match=rf"a\.{fmt}: {where}"):
         Pipeline(_spec(local_dir, fmt, on_error="fail")).run()
@@ -188,9 +194,10 @@ def test_invalid_utf8_is_a_bad_record_never_committed(ray_cluster, local_dir, fm
     report = Pipeline(_spec(local_dir, fmt, on_error="quarantine", max_error_fraction=0.1)).run()
     assert (report.rows_written, report.rows_quarantined) == (19, 1)
     rows = read_dataset(f"{local_dir}/out").take_all()
-    assert sorted(r["text"] for r in rows) == sorted(f"t{i}" for i in range(20) if i != 7)
+    assert sorted(r["text"] for r in rows) == sorted(t for i, t in enumerate(texts) if i != 7)
     recs = _quarantined(f"{local_dir}/out")
-    assert len(recs) == 1 and recs[0]["_sf_row"] == 7 and b"\xff\xfe" in recs[0]["_sf_raw"]
+    # The quarantine keeps the whole record, as written (not only the bad value).
+    assert len(recs) == 1 and recs[0]["_sf_row"] == 7 and recs[0]["_sf_raw"] == raw
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "csv"])
@@ -246,7 +253,7 @@ def test_csv_number_beyond_float64_is_a_bad_record(ray_cluster, local_dir):
     rows = sorted(read_dataset(f"{local_dir}/out").take_all(), key=lambda r: r["id"])
     assert [r["x"] for r in rows] == [float(v) for i, v in enumerate(values) if i != 13]
     (rec,) = _quarantined(f"{local_dir}/out")
-    assert rec["_sf_row"] == 13 and rec["_sf_raw"] == b"-1E400"
+    assert rec["_sf_row"] == 13 and rec["_sf_raw"] == b"13,-1E400"  # the record as written
 
 
 @pytest.mark.slow
