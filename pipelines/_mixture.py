@@ -25,14 +25,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from slicefeed.connectors import PROVENANCE_FILE, PROVENANCE_ROW, MissingColumnError, SpecError
+from slicefeed.connectors import (
+    PROVENANCE_FILE,
+    PROVENANCE_ROW,
+    MissingColumnError,
+    SpecError,
+    short_repr,
+)
 from slicefeed.connectors._names import ERROR_COLUMN, RAW_COLUMN
+from slicefeed.pipelines._spec import MAX_WEIGHT
 from slicefeed.transforms._hashing import GOLDEN, mix64
 from slicefeed.transforms._hashing import str_hash64 as _str_hash64
 
@@ -110,13 +118,15 @@ def _survey(dss: Sequence[ray.data.Dataset]
 
 
 def plan_counts(sizes: Sequence[int], weights: Sequence[float]) -> list[int]:
-    """Rows taken from each source: ``floor(p_i * min_j n_j / p_j)``, capped at ``n_i``."""
-    w = np.asarray(weights, dtype=np.float64)
-    p = w / w.sum()
-    n = np.asarray(sizes, dtype=np.float64)
-    total = float(np.min(n / p))
-    # A tiny epsilon so that exact products (p_i * T == n_i) are not floored below n_i.
-    return [int(min(s, math.floor(pi * total + 1e-9))) for s, pi in zip(sizes, p)]
+    """Rows taken from each source: ``floor(p_i * min_j n_j / p_j)``, capped at ``n_i``.
+
+    Computed exactly from the weights' float values (rationals, not floats):
+    ``p_i * T == min_j n_j * w_i / w_j``, so a product just below an integer
+    is floored and an exact one (``n_i`` for the first source to run out) is not.
+    """
+    w = [Fraction(float(x)) for x in weights]
+    total = min(Fraction(n) / wj for n, wj in zip(sizes, w))
+    return [int(min(n, math.floor(wi * total))) for n, wi in zip(sizes, w)]
 
 
 def interleave(
@@ -154,8 +164,9 @@ def interleave(
             f"interleave: {len(dss)} datasets but {len(weights)} weights; give one weight per source"
         )
     for name, w in zip(names, weights):
-        if isinstance(w, bool) or not isinstance(w, (int, float)) or not (w > 0 and math.isfinite(w)):
-            raise SpecError(f"interleave: weight of source {name!r} must be a positive number; got {w!r}")
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not (0 < w <= MAX_WEIGHT):
+            raise SpecError(f"interleave: weight of source {short_repr(name)} must be a positive "
+                            f"number of at most {MAX_WEIGHT:g}; got {short_repr(w)}")
     file_sizes, file_bad, schemas = _survey(dss)
     # Weights apply to good rows: a source's bad records are mixed in where they
     # stand and counted as bad, but take none of its share.

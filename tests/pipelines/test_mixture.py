@@ -44,6 +44,15 @@ def test_plan_counts():
     assert plan_counts([9, 9, 9], [1, 1, 1]) == [9, 9, 9]
 
 
+def test_plan_counts_floor_is_exact():
+    """floor(p_i * T) of the weights' exact values: a product just below an
+    integer is not rounded up, and exact products are not floored below it."""
+    assert plan_counts([10, 3], [1.0, 1.0000000001]) == [2, 3]
+    assert plan_counts([3, 10], [1.0000000001, 1.0]) == [3, 2]
+    assert plan_counts([7, 7, 7], [0.1, 0.2, 0.7]) == [1, 2, 7]
+    assert plan_counts([10, 10], [1e-300, 1.0]) == [0, 10]
+
+
 @pytest.mark.slow
 def test_interleave_proportions_order_and_determinism(sources, ray_cluster):
     dss = {k: read_jsonl(v, provenance=True) for k, v in sources.items()}
