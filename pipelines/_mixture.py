@@ -134,6 +134,7 @@ def interleave(
     weights: Sequence[float],
     *,
     seed: int = 0,
+    read: dict[str, dict[str, int]] | None = None,
 ) -> tuple[ray.data.Dataset, dict[str, int]]:
     """Mixes ``datasets`` in proportion to ``weights``, deterministically by ``seed``.
 
@@ -142,6 +143,9 @@ def interleave(
             (sources named ``"0"``, ``"1"``, ...) or a mapping name -> dataset.
         weights: One positive weight per dataset.
         seed: Fixes the interleaving order.
+        read: Filled, when given, with ``{name: {"rows_read": r, "rows_not_taken":
+            u}}``: the records of each source the mixture takes (its good rows
+            taken and the bad records among them) and those past its quota.
 
     Returns:
         ``(dataset, counts)``: the lazy mixed dataset and the number of rows
@@ -208,9 +212,11 @@ def interleave(
     p = w / w.sum()
     salts = [_str_hash64(f"mixture/{seed}/{i}") for i in range(len(dss))]
     parts = []
+    offsets_of: list[dict[str, int]] = []
     for i, (ds, good) in enumerate(zip(dss, file_good)):
         files = sorted(good)
         offsets = dict(zip(files, np.cumsum([0] + [good[f] for f in files])[:-1].tolist()))
+        offsets_of.append(offsets)
         parts.append(
             ds.map_batches(
                 _Keyer(names[i], i, offsets, file_bad[i], counts[i], float(p[i]), salts[i],
@@ -218,6 +224,17 @@ def interleave(
                 batch_format="pyarrow",
             )
         )
+    if read is not None:
+        for i, name in enumerate(names):
+            taken = records[i]
+            if counts[i] < sizes[i]:
+                # Bad records go with the good row after them (see _Keyer).
+                bad_taken = 0
+                for f, rows in file_bad[i].items():
+                    rank = offsets_of[i].get(f, 0) + rows - np.arange(len(rows))
+                    bad_taken += int((rank < counts[i]).sum())
+                taken = counts[i] + bad_taken
+            read[name] = {"rows_read": taken, "rows_not_taken": records[i] - taken}
     mixed = parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
     mixed = mixed.sort([_KEY, _SRC]).map_batches(_drop_keys, batch_format="pyarrow")
     return mixed, dict(zip(names, counts))
@@ -282,10 +299,12 @@ def _drop_keys(batch: pa.Table) -> pa.Table:
 
 
 def mixture_report(counts: Mapping[str, int], weights: Sequence[float]) -> dict[str, Any]:
-    """Per-source counts and realised proportions for the run report."""
+    """Per source: rows taken, weight as given, its normalised ``proportion`` and
+    the realised fraction of the mixture, for the run report."""
     total = sum(counts.values())
     w = np.asarray(weights, dtype=np.float64)
     return {
-        name: {"rows": n, "weight": float(wi), "fraction": (n / total) if total else 0.0}
-        for (name, n), wi in zip(counts.items(), w / w.sum())
+        name: {"rows": n, "weight": float(wi), "proportion": float(pi),
+               "fraction": (n / total) if total else 0.0}
+        for (name, n), wi, pi in zip(counts.items(), w, w / w.sum())
     }

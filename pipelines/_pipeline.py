@@ -638,7 +638,10 @@ class RunReport:
     reshaped: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     ray_stats: str = ""
     #: Per source: uri, format, files, bytes (input size), rows_read; for a
-    #: mixture also name, rows (taken), weight and realised fraction; for a
+    #: mixture also name, rows (good rows taken), weight (as in the spec),
+    #: proportion (normalised weight), realised fraction, and rows_not_taken
+    #: (records past the source's quota; rows_read + rows_not_taken are its
+    #: records); for a
     #: folder holding files not named for the format (not read),
     #: files_left_out and first_left_out.
     sources: list[dict[str, Any]] = dataclasses.field(default_factory=list)
@@ -741,6 +744,8 @@ class Pipeline:
 
         #: Rows taken from each source of a mixture (``sources:``), once built.
         self.mixture_counts: dict[str, int] = {}
+        #: Per source of a mixture: records taken (rows_read) and not (rows_not_taken).
+        self.mixture_read: dict[str, dict[str, int]] = {}
         self.transforms = [
             self._bind_storage(transform_from_spec(item).with_seed(self.spec.seed))
             for item in self.spec.transforms
@@ -977,11 +982,12 @@ class Pipeline:
         else:
             from slicefeed.pipelines._mixture import interleave
 
+            self.mixture_read = {}
             ds, self.mixture_counts = interleave(
                 {n: self._read_source(s, shard, counters)
                  for n, s in zip(self.spec.source_names, srcs)},
                 [s.weight for s in srcs],
-                seed=self.spec.seed,
+                seed=self.spec.seed, read=self.mixture_read,
             )
         on_error = self.spec.on_error
         retries = self._retries()
@@ -1306,7 +1312,7 @@ class Pipeline:
         mixture = self._mixture_report()
         for src, name in zip(sources, self.spec.source_names):
             if name in mixture:
-                src.update(name=name, **mixture[name])
+                src.update(name=name, **mixture[name], **self.mixture_read.get(name, {}))
         skipped, quarantined = c.rows_skipped, c.rows_quarantined
         filtered_by = c.filtered_by()
         reshaped = c.reshaped()
