@@ -25,14 +25,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from slicefeed.connectors import PROVENANCE_FILE, PROVENANCE_ROW, MissingColumnError, SpecError
+from slicefeed.connectors import (
+    PROVENANCE_FILE,
+    PROVENANCE_ROW,
+    MissingColumnError,
+    SpecError,
+    short_repr,
+)
 from slicefeed.connectors._names import ERROR_COLUMN, RAW_COLUMN
+from slicefeed.pipelines._spec import MAX_WEIGHT
 from slicefeed.transforms._hashing import GOLDEN, mix64
 from slicefeed.transforms._hashing import str_hash64 as _str_hash64
 
@@ -110,13 +118,15 @@ def _survey(dss: Sequence[ray.data.Dataset]
 
 
 def plan_counts(sizes: Sequence[int], weights: Sequence[float]) -> list[int]:
-    """Rows taken from each source: ``floor(p_i * min_j n_j / p_j)``, capped at ``n_i``."""
-    w = np.asarray(weights, dtype=np.float64)
-    p = w / w.sum()
-    n = np.asarray(sizes, dtype=np.float64)
-    total = float(np.min(n / p))
-    # A tiny epsilon so that exact products (p_i * T == n_i) are not floored below n_i.
-    return [int(min(s, math.floor(pi * total + 1e-9))) for s, pi in zip(sizes, p)]
+    """Rows taken from each source: ``floor(p_i * min_j n_j / p_j)``, capped at ``n_i``.
+
+    Computed exactly from the weights' float values (rationals, not floats):
+    ``p_i * T == min_j n_j * w_i / w_j``, so a product just below an integer
+    is floored and an exact one (``n_i`` for the first source to run out) is not.
+    """
+    w = [Fraction(float(x)) for x in weights]
+    total = min(Fraction(n) / wj for n, wj in zip(sizes, w))
+    return [int(min(n, math.floor(wi * total))) for n, wi in zip(sizes, w)]
 
 
 def interleave(
@@ -124,6 +134,7 @@ def interleave(
     weights: Sequence[float],
     *,
     seed: int = 0,
+    read: dict[str, dict[str, int]] | None = None,
 ) -> tuple[ray.data.Dataset, dict[str, int]]:
     """Mixes ``datasets`` in proportion to ``weights``, deterministically by ``seed``.
 
@@ -132,6 +143,9 @@ def interleave(
             (sources named ``"0"``, ``"1"``, ...) or a mapping name -> dataset.
         weights: One positive weight per dataset.
         seed: Fixes the interleaving order.
+        read: Filled, when given, with ``{name: {"rows_read": r, "rows_not_taken":
+            u}}``: the records of each source the mixture takes (its good rows
+            taken and the bad records among them) and those past its quota.
 
     Returns:
         ``(dataset, counts)``: the lazy mixed dataset and the number of rows
@@ -154,8 +168,9 @@ def interleave(
             f"interleave: {len(dss)} datasets but {len(weights)} weights; give one weight per source"
         )
     for name, w in zip(names, weights):
-        if isinstance(w, bool) or not isinstance(w, (int, float)) or not (w > 0 and math.isfinite(w)):
-            raise SpecError(f"interleave: weight of source {name!r} must be a positive number; got {w!r}")
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not (0 < w <= MAX_WEIGHT):
+            raise SpecError(f"interleave: weight of source {short_repr(name)} must be a positive "
+                            f"number of at most {MAX_WEIGHT:g}; got {short_repr(w)}")
     file_sizes, file_bad, schemas = _survey(dss)
     # Weights apply to good rows: a source's bad records are mixed in where they
     # stand and counted as bad, but take none of its share.
@@ -197,9 +212,11 @@ def interleave(
     p = w / w.sum()
     salts = [_str_hash64(f"mixture/{seed}/{i}") for i in range(len(dss))]
     parts = []
+    offsets_of: list[dict[str, int]] = []
     for i, (ds, good) in enumerate(zip(dss, file_good)):
         files = sorted(good)
         offsets = dict(zip(files, np.cumsum([0] + [good[f] for f in files])[:-1].tolist()))
+        offsets_of.append(offsets)
         parts.append(
             ds.map_batches(
                 _Keyer(names[i], i, offsets, file_bad[i], counts[i], float(p[i]), salts[i],
@@ -207,6 +224,17 @@ def interleave(
                 batch_format="pyarrow",
             )
         )
+    if read is not None:
+        for i, name in enumerate(names):
+            taken = records[i]
+            if counts[i] < sizes[i]:
+                # Bad records go with the good row after them (see _Keyer).
+                bad_taken = 0
+                for f, rows in file_bad[i].items():
+                    rank = offsets_of[i].get(f, 0) + rows - np.arange(len(rows))
+                    bad_taken += int((rank < counts[i]).sum())
+                taken = counts[i] + bad_taken
+            read[name] = {"rows_read": taken, "rows_not_taken": records[i] - taken}
     mixed = parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
     mixed = mixed.sort([_KEY, _SRC]).map_batches(_drop_keys, batch_format="pyarrow")
     return mixed, dict(zip(names, counts))
@@ -271,10 +299,12 @@ def _drop_keys(batch: pa.Table) -> pa.Table:
 
 
 def mixture_report(counts: Mapping[str, int], weights: Sequence[float]) -> dict[str, Any]:
-    """Per-source counts and realised proportions for the run report."""
+    """Per source: rows taken, weight as given, its normalised ``proportion`` and
+    the realised fraction of the mixture, for the run report."""
     total = sum(counts.values())
     w = np.asarray(weights, dtype=np.float64)
     return {
-        name: {"rows": n, "weight": float(wi), "fraction": (n / total) if total else 0.0}
-        for (name, n), wi in zip(counts.items(), w / w.sum())
+        name: {"rows": n, "weight": float(wi), "proportion": float(pi),
+               "fraction": (n / total) if total else 0.0}
+        for (name, n), wi, pi in zip(counts.items(), w, w / w.sum())
     }

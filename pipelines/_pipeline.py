@@ -101,6 +101,8 @@ class TransformCounts:
     time_s: float = 0.0
     slots: int = 0
     tokens: int = 0
+    #: A dataset-level op (``deduplicate``): counted around it, not in a stage.
+    dataset_op: bool = False
 
     @property
     def rows_filtered(self) -> int:
@@ -110,6 +112,7 @@ class TransformCounts:
     def add(self, other: TransformCounts) -> None:
         for f in ("rows_in", "rows_out", "rows_bad", "time_s", "slots", "tokens"):
             setattr(self, f, getattr(self, f) + getattr(other, f))
+        self.dataset_op = self.dataset_op or other.dataset_op
 
     def to_report(self) -> dict[str, Any]:
         """The report's per-transform entry."""
@@ -169,7 +172,8 @@ class StageCounts:
                 self.transforms[i] = dataclasses.replace(tc)
 
     def filtered_by(self) -> dict[str, int]:
-        """Rows removed per transform name (transforms that removed any)."""
+        """Rows removed per transform name (transforms that removed any), dataset-level
+        ops (``deduplicate``) included."""
         out: dict[str, int] = {}
         for tc in self.transforms.values():
             if tc.rows_filtered:
@@ -187,8 +191,10 @@ class StageCounts:
         return out
 
     def transform_rows(self) -> list[dict[str, Any]]:
-        """Per transform, in spec order: rows in/out, bad rows, task time, packing efficiency."""
-        return [self.transforms[i].to_report() for i in sorted(self.transforms)]
+        """Per transform that ran in a batch stage, in spec order: rows in/out, bad
+        rows, task time, packing efficiency (dataset-level ops are in ``filtered_by``)."""
+        return [self.transforms[i].to_report() for i in sorted(self.transforms)
+                if not self.transforms[i].dataset_op]
 
 
 class _Counters:
@@ -575,6 +581,31 @@ class _Stage:
         out.fs.pipe_file(out.path, sink.getvalue().to_pybytes())
 
 
+class _OpCount:
+    """Counts the rows going into (``side="in"``) or out of a dataset-level op
+    (``deduplicate``) as that transform's ``rows_in``/``rows_out``; rows pass
+    unchanged. Batches are keyed by their provenance like a stage's, so a batch
+    Ray runs again is counted once."""
+
+    def __init__(self, index: int, transform: Any, counters: Any, side: str):
+        self.index, self.transform, self.counters, self.side = index, transform, counters, side
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        import ray
+
+        delta = StageCounts()
+        tc = delta.transform(self.index, self.transform)
+        tc.dataset_op = True
+        if self.side == "in":
+            tc.rows_in = table.num_rows
+        else:
+            tc.rows_out = table.num_rows
+        if table.num_rows:
+            key = _batch_key(f"op{self.index}:{self.side}", table)
+            ray.get(self.counters.add.remote(delta, key))
+        return table
+
+
 @dataclasses.dataclass
 class RunReport:
     """What a run read, wrote and dropped, and how fast.
@@ -583,7 +614,9 @@ class RunReport:
     when no transform reshapes rows. With packing (``reshaped``), rows before
     and after it are different units: ``rows_read`` equals the rows filtered,
     skipped or quarantined before it plus its ``rows_in``, and its ``rows_out``
-    equals ``rows_written`` plus what was removed after it.
+    equals ``rows_written`` plus what was removed after it. ``filtered_by``
+    splits ``rows_filtered`` by transform name, dataset-level ops
+    (``deduplicate``) included.
     """
 
     name: str
@@ -605,7 +638,10 @@ class RunReport:
     reshaped: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     ray_stats: str = ""
     #: Per source: uri, format, files, bytes (input size), rows_read; for a
-    #: mixture also name, rows (taken), weight and realised fraction; for a
+    #: mixture also name, rows (good rows taken), weight (as in the spec),
+    #: proportion (normalised weight), realised fraction, and rows_not_taken
+    #: (records past the source's quota; rows_read + rows_not_taken are its
+    #: records); for a
     #: folder holding files not named for the format (not read),
     #: files_left_out and first_left_out.
     sources: list[dict[str, Any]] = dataclasses.field(default_factory=list)
@@ -708,6 +744,8 @@ class Pipeline:
 
         #: Rows taken from each source of a mixture (``sources:``), once built.
         self.mixture_counts: dict[str, int] = {}
+        #: Per source of a mixture: records taken (rows_read) and not (rows_not_taken).
+        self.mixture_read: dict[str, dict[str, int]] = {}
         self.transforms = [
             self._bind_storage(transform_from_spec(item).with_seed(self.spec.seed))
             for item in self.spec.transforms
@@ -944,11 +982,12 @@ class Pipeline:
         else:
             from slicefeed.pipelines._mixture import interleave
 
+            self.mixture_read = {}
             ds, self.mixture_counts = interleave(
                 {n: self._read_source(s, shard, counters)
                  for n, s in zip(self.spec.source_names, srcs)},
                 [s.weight for s in srcs],
-                seed=self.spec.seed,
+                seed=self.spec.seed, read=self.mixture_read,
             )
         on_error = self.spec.on_error
         retries = self._retries()
@@ -979,7 +1018,15 @@ class Pipeline:
         for i, t in enumerate(transforms):
             if t.is_dataset_op:
                 ds = flush(ds)
+                if counters is not None:
+                    # Rows in and out of a dataset-level op, counted around it,
+                    # so what it removes is reported like a batch transform's.
+                    ds = ds.map_batches(_OpCount(i, t, counters, "in"), batch_format="pyarrow",
+                                        zero_copy_batch=True, **retries)
                 ds = _dataset_op(t, ds, _PipelineTasks(self.spec.task_retries, counters))
+                if counters is not None:
+                    ds = ds.map_batches(_OpCount(i, t, counters, "out"), batch_format="pyarrow",
+                                        zero_copy_batch=True, **retries)
             else:
                 if not group:
                     first[0] = i
@@ -1265,7 +1312,7 @@ class Pipeline:
         mixture = self._mixture_report()
         for src, name in zip(sources, self.spec.source_names):
             if name in mixture:
-                src.update(name=name, **mixture[name])
+                src.update(name=name, **mixture[name], **self.mixture_read.get(name, {}))
         skipped, quarantined = c.rows_skipped, c.rows_quarantined
         filtered_by = c.filtered_by()
         reshaped = c.reshaped()
@@ -1273,12 +1320,12 @@ class Pipeline:
         report = RunReport(
             name=self.name, status="committed", sink=target.uri, fingerprint=fp,
             rows_read=read, rows_written=manifest.num_rows,
-            # Rows removed by dataset-level ops (deduplicate) are not seen by the
-            # stages, so "filtered" is what is left once the rest is accounted for.
+            # Without packing, "filtered" is what is left once the rest is
+            # accounted for; with it, rows before and after it are different
+            # units: the sum of what each transform removed (dataset-level ops,
+            # counted around them, included).
             rows_filtered=(
                 read - manifest.num_rows - skipped - quarantined if not reshaped
-                # With packing, rows before and after it are different units:
-                # count what each transform removed instead.
                 else sum(filtered_by.values())
             ),
             reshaped=reshaped,

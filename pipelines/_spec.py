@@ -100,6 +100,11 @@ _SINK_OPTION_TYPES = {
     "row_group_bytes": {"type": "integer", "minimum": 1},
 }
 
+#: The largest mixture weight. Weights are relative, so no mixture needs more
+#: range; the cap keeps their sum (which normalises them) finite for any number
+#: of sources, where weights near float64's maximum overflowed it.
+MAX_WEIGHT = 1e12
+
 _STORAGE = {
     "credentials": {"type": "string"},
     "anonymous": {"type": "boolean"},
@@ -394,6 +399,14 @@ def validate_spec(spec: Any, *, source: str = "pipeline spec") -> dict[str, Any]
                 raise SpecError(f"{source}: sources.{i}.name {short_repr(name)} is used by "
                                 f"sources.{seen[name]}; give each source a distinct name.")
             seen[name] = i
+        for i, src in enumerate(spec["sources"]):
+            # Weights are relative; the cap keeps their sum (which normalises
+            # them) finite, so the mixture's shares are numbers, not NaN.
+            w = src.get("weight", 1.0)
+            if not w <= MAX_WEIGHT:
+                raise SpecError(f"{source}: sources.{i}.weight is {short_repr(w)}; a mixture weight "
+                                f"must be at most {MAX_WEIGHT:g} (weights are relative: scale them "
+                                "down together).")
     for where, storage in _storages(spec):
         if storage.get("credentials") is not None and storage.get("anonymous"):
             raise SpecError(f"{source}: {where}: give either credentials (a key file) or "

@@ -85,6 +85,26 @@ def test_non_finite_numbers_are_refused(raw, local_dir, where, text, match):
         _validate(ok, "max_error_fraction=.nan")
 
 
+@pytest.mark.parametrize("weights, match", [
+    ((1e308, 1e308), r"sources\.0\.weight .*at most 1e\+12"),
+    ((1, 2e12), r"sources\.1\.weight .*at most 1e\+12"),
+])
+def test_mixture_weights_too_large_are_refused_by_the_cli(raw, local_dir, weights, match):
+    """Weights whose sum overflows float64 validated and then failed the run,
+    after a Ray pass, with a bare ValueError."""
+    import re
+
+    spec = _spec(raw, local_dir)
+    del spec["source"]
+    spec["sources"] = [{"name": n, "format": "jsonl", "uri": raw, "weight": w}
+                       for n, w in zip("ab", weights)]
+    path = _write(os.path.join(local_dir, "w.yaml"), spec)
+    r = slicefeed("validate", path, timeout=120)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert re.search(match, r.stderr), r.stderr[-2000:]
+    assert len(r.stderr) < 2000 and "Traceback" not in r.stderr
+
+
 # -- YAML alias bombs ------------------------------------------------------------
 
 BOMB = """name: bomb

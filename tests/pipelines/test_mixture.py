@@ -44,6 +44,15 @@ def test_plan_counts():
     assert plan_counts([9, 9, 9], [1, 1, 1]) == [9, 9, 9]
 
 
+def test_plan_counts_floor_is_exact():
+    """floor(p_i * T) of the weights' exact values: a product just below an
+    integer is not rounded up, and exact products are not floored below it."""
+    assert plan_counts([10, 3], [1.0, 1.0000000001]) == [2, 3]
+    assert plan_counts([3, 10], [1.0000000001, 1.0]) == [3, 2]
+    assert plan_counts([7, 7, 7], [0.1, 0.2, 0.7]) == [1, 2, 7]
+    assert plan_counts([10, 10], [1e-300, 1.0]) == [0, 10]
+
+
 @pytest.mark.slow
 def test_interleave_proportions_order_and_determinism(sources, ray_cluster):
     dss = {k: read_jsonl(v, provenance=True) for k, v in sources.items()}
@@ -64,7 +73,7 @@ def test_interleave_proportions_order_and_determinism(sources, ray_cluster):
     assert t.column_names == ["src", "v", PROVENANCE_FILE, PROVENANCE_ROW]
     assert t.column(PROVENANCE_FILE)[0].as_py().split("/")[0] in sources
     rep = mixture_report(counts, [2, 1, 1])
-    assert rep["web"] == {"rows": 40, "weight": 0.5, "fraction": 0.5}
+    assert rep["web"] == {"rows": 40, "weight": 2.0, "proportion": 0.5, "fraction": 0.5}
 
 
 def _order(tables: dict[str, pa.Table], weights, seed: int) -> list[str]:
@@ -132,6 +141,14 @@ def test_pipeline_sources_mixture_reports_per_source_counts(sources, ray_cluster
     taken = {src["name"]: src["rows"] for src in report.sources}
     assert taken == {"web": 40, "code": 20, "books": 20}
     assert sum(taken.values()) == report.rows_written == report.rows_read
+    # Each source's weight as written, its share, what the run read of it and
+    # what it left (rows past the first source to run out).
+    by = {src["name"]: src for src in report.sources}
+    assert {n: (s["weight"], s["proportion"]) for n, s in by.items()} == {
+        "web": (2.0, 0.5), "code": (1.0, 0.25), "books": (1.0, 0.25)}
+    assert {n: (s["rows_read"], s["rows_not_taken"]) for n, s in by.items()} == {
+        "web": (40, 0), "code": (20, 5), "books": (20, 40)}
+    assert sum(s["rows_read"] for s in by.values()) == report.rows_read
     # Each source's first rows in (file, row) order; which rows a seed takes
     # does not change between runs (the order is checked without Ray in
     # test_interleave_proportions_order_and_determinism and below).
@@ -222,3 +239,27 @@ def test_mixture_with_an_unreadable_file_fails_naming_it(ray_cluster, local_dir)
     }
     with pytest.raises(BadRecordError, match=r"could not be read at all \('web/a\.parquet'"):
         Pipeline(spec).run()
+
+
+@pytest.mark.slow
+def test_mixture_reports_bad_records_read_and_rows_not_taken(sources, ray_cluster, local_dir):
+    """Per source, rows_read counts the records the mixture took (bad ones
+    included, where they stand) and rows_not_taken the ones past its quota, a
+    bad record among them: together they are the source's records."""
+    from slicefeed.pipelines import Pipeline
+
+    with open(os.path.join(local_dir, "web", "part-0.jsonl"), "a") as f:
+        f.write('{"src": oops}\n')  # web's 16th record: within the quota
+    with open(os.path.join(local_dir, "books", "part-3.jsonl"), "a") as f:
+        f.write('{"src": oops}\n')  # books' 61st record: past the quota
+    spec = {
+        "name": "mix", "seed": 1, "on_error": "quarantine", "max_error_fraction": 0.5,
+        "sources": [{"name": n, "format": "jsonl", "uri": sources[n], "weight": 1}
+                    for n in ("web", "books")],
+        "sink": {"format": "parquet", "uri": os.path.join(local_dir, "mixed")},
+    }
+    report = Pipeline(spec).run()
+    by = {src["name"]: src for src in report.sources}
+    assert {n: (s["rows"], s["rows_read"], s["rows_not_taken"]) for n, s in by.items()} == {
+        "web": (40, 41, 0), "books": (40, 40, 21)}
+    assert report.rows_read == 81 and report.rows_quarantined == 1 and report.rows_written == 80

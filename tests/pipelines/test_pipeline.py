@@ -201,3 +201,34 @@ def test_rerun_decided_from_listing_files_and_format_version(ray_cluster, base_u
     with pytest.raises(AlreadyCommittedError, match="the output format version changed"):
         Pipeline(_spec(base_uri)).decide()
     assert Pipeline(_spec(base_uri)).decide(overwrite=True) is None
+
+
+@pytest.mark.slow
+def test_rows_removed_by_deduplicate_are_counted_as_filtered(ray_cluster, local_dir):
+    """deduplicate is a dataset-level op, not a batch stage: its removed rows are
+    reported in filtered_by under its name and in rows_filtered, so the report's
+    identity holds with and without packing after it."""
+    import os
+
+    raw = os.path.join(local_dir, "raw")
+    os.makedirs(raw)
+    with open(os.path.join(raw, "a.jsonl"), "w") as f:
+        f.writelines(json.dumps({"id": i, "text": f"doc{i % 20}"}) + "\n" for i in range(60))
+    for packed in (False, True):
+        transforms = [{"filter": {"expr": "id >= 5"}}, {"deduplicate": {"columns": ["text"]}},
+                      {"tokenize": {"column": "text", "tokenizer": "bytes"}}]
+        if packed:
+            transforms.append({"pack_sequences": {"column": "tokens", "seq_len": 16}})
+        spec = {"name": f"dedup{int(packed)}", "source": {"format": "jsonl", "uri": raw},
+                "transforms": transforms,
+                "sink": {"format": "parquet", "uri": os.path.join(local_dir, f"out{int(packed)}")}}
+        r = Pipeline(spec).run()
+        assert r.filtered_by == {"filter": 5, "deduplicate": 35}, (packed, r.filtered_by)
+        assert r.rows_filtered == 40 and r.rows_read == 60
+        if packed:
+            pack = r.reshaped["pack_sequences"]
+            assert pack["rows_in"] == 20
+            assert r.rows_read == r.rows_filtered + r.rows_skipped + r.rows_quarantined + pack["rows_in"]
+        else:
+            assert r.rows_written == 20
+            assert r.rows_read == r.rows_written + r.rows_filtered + r.rows_skipped + r.rows_quarantined
