@@ -48,6 +48,8 @@ if TYPE_CHECKING:  # pragma: no cover
     import ray.data
 
 _KEY = "__sf_mix_key"
+#: About this many rows per block of a mixed dataset.
+MIX_BLOCK_ROWS = 4096
 _SRC = "__sf_mix_src"
 
 
@@ -236,7 +238,14 @@ def interleave(
                 taken = counts[i] + bad_taken
             read[name] = {"rows_read": taken, "rows_not_taken": records[i] - taken}
     mixed = parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
-    mixed = mixed.sort([_KEY, _SRC]).map_batches(_drop_keys, batch_format="pyarrow")
+    # Ray's sort samples its range boundaries, so the sizes of its output blocks
+    # (not their rows' order) differ from run to run; a transform whose output
+    # depends on batch boundaries (pack_sequences) would then differ too. A split
+    # into a number of blocks fixed by the counts (about MIX_BLOCK_ROWS rows each,
+    # split evenly in sort order) gives every run the same blocks and batches.
+    mixed = (mixed.sort([_KEY, _SRC])
+             .repartition(max(1, -(-sum(counts) // MIX_BLOCK_ROWS)), shuffle=False)
+             .map_batches(_drop_keys, batch_format="pyarrow"))
     return mixed, dict(zip(names, counts))
 
 

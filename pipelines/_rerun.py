@@ -38,7 +38,9 @@ from typing import Any
 #: wrapped). Scalers: NaN skipped in the fit (was a 0 statistic), a constant
 #: column maps to 0. ``deduplicate``: 0.0 and -0.0 are one key.
 #: ``decode_image``: 16-bit greyscale is scaled to 8 bits (was clamped), 32-bit
-#: and float images are bad rows.
+#: and float images are bad rows. Mixtures: counts are exactly floor(p_i*T),
+#: and their rows are split into blocks fixed by the counts (packing after a
+#: mixture depended on the sort's sampled block boundaries).
 OUTPUT_FORMAT_VERSION = 3
 
 #: Manifest metadata key holding the fingerprint's parts (for "what changed").
