@@ -106,3 +106,53 @@ def test_dataset_whose_listing_held_unread_files_is_still_committed(ray_cluster,
         f.write('{"id": 9}\n')
     with pytest.raises(AlreadyCommittedError, match="1 input file added"):
         Pipeline(spec).decide()
+
+
+def _rows(uri: str) -> list[dict]:
+    import os
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from slicefeed.connectors import read_manifest
+
+    m = read_manifest(uri)
+    return pa.concat_tables([pq.read_table(os.path.join(uri, f.path)) for f in m.files]).to_pylist()
+
+
+def test_replaced_tokenizer_json_is_used_by_the_next_run_in_the_same_process(
+        ray_cluster, local_dir):
+    """A tokenizer.json replaced between two runs of one process (a notebook, a
+    scheduler) tokenizes the second run: neither the driver nor the Ray workers
+    may keep the first file's tokenizer, since the manifest records the new
+    file's digest."""
+    import json
+    import os
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from slicefeed.pipelines import Pipeline
+
+    raw, tok_path = os.path.join(local_dir, "raw"), os.path.join(local_dir, "tokenizer.json")
+    os.makedirs(raw)
+    with open(os.path.join(raw, "a.jsonl"), "w") as f:
+        f.write("".join(json.dumps({"text": t}) + "\n" for t in ["hello world", "world hello"]))
+
+    def save(vocab):
+        tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        tok.save(tok_path)
+
+    spec = {"name": "tok", "source": {"format": "jsonl", "uri": raw},
+            "transforms": [{"tokenize": {"column": "text", "tokenizer": tok_path}}],
+            "sink": {"format": "parquet", "uri": os.path.join(local_dir, "out")}}
+    save({"[UNK]": 0, "hello": 1, "world": 2})
+    Pipeline(spec).run()
+    assert sorted(r["tokens"] for r in _rows(spec["sink"]["uri"])) == [[1, 2], [2, 1]]
+    save({"[UNK]": 0, "hello": 10, "world": 20})  # same path and size class, new ids
+    with pytest.raises(AlreadyCommittedError, match="tokenizer.json .read by a transform. changed"):
+        Pipeline(spec).decide()
+    assert Pipeline(spec).run(overwrite=True).status == "committed"
+    assert sorted(r["tokens"] for r in _rows(spec["sink"]["uri"])) == [[10, 20], [20, 10]]
+    assert Pipeline(spec).decide().status == "already_committed"
+
