@@ -30,7 +30,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from slicefeed.connectors._errors import CorruptManifestError, SpecError
@@ -519,16 +519,57 @@ def list_inputs(sources: Sequence[tuple[str, str, dict[str, Any]]]) -> tuple[Inp
         except (OSError, ValueError):
             listed = {}
         for p in paths:
-            info = listed.get(p) or r.fs.info(p)
-            gen = info.get("generation")
-            if gen is None and r.protocol == "file":
-                gen = os.stat(p).st_mtime_ns
-            elif gen is None:
-                gen = info.get("mtime") or info.get("updated") or info.get("LastModified")
-            size = info.get("size")
-            out.append(InputFile(r.to_uri(p), int(size) if size is not None else None,
-                                 None if gen is None else str(gen)))
+            size, gen = _size_generation(r, p, listed.get(p) or r.fs.info(p))
+            out.append(InputFile(r.to_uri(p), size, gen))
     return tuple(out)
+
+
+def _size_generation(r: ResolvedPath, path: str, info: Mapping[str, Any]) -> tuple[int | None, str | None]:
+    """``(size, generation)`` of a listed file: the GCS object generation, or
+    the local mtime in ns (another store's modification time otherwise)."""
+    gen = info.get("generation")
+    if gen is None and r.protocol == "file":
+        gen = os.stat(path).st_mtime_ns
+    elif gen is None:
+        gen = info.get("mtime") or info.get("updated") or info.get("LastModified")
+    size = info.get("size")
+    return (int(size) if size is not None else None), (None if gen is None else str(gen))
+
+
+def list_folder(uri: str, *, exclude: Sequence[str] = (), **storage: Any) -> tuple[InputFile, ...]:
+    """Every file under a folder a transform reads from, as listed now.
+
+    One recursive listing (no file is opened): each file's path relative to
+    the folder, size and generation as in :func:`list_inputs`, sorted by path.
+    Hidden and underscore-prefixed files count too (a transform may read any
+    file under the folder). A folder that does not exist lists as empty.
+    Files under an ``exclude`` prefix inside the folder (the run's own sink,
+    which every commit changes) are left out.
+    """
+    proto, head, _ = _lexical(uri)
+    skip = []
+    for ex in exclude:
+        ex_proto, ex_head, _ = _lexical(ex)
+        if ex_proto == proto and ex_head[: len(head)] == head and len(ex_head) > len(head):
+            skip.append("/".join(ex_head[len(head):]))
+    r = resolve_filesystem(uri, **storage)
+    base = r.path.rstrip("/")
+    # A listing cached by this filesystem instance may predate a change.
+    r.fs.invalidate_cache(base)
+    try:
+        listed = r.fs.find(base, detail=True) if r.fs.isdir(base) else {}
+    except FileNotFoundError:
+        listed = {}
+    out = []
+    for p, info in listed.items():
+        if info.get("type") == "directory":
+            continue
+        rel = p[len(base):].lstrip("/")
+        if any(rel == k or rel.startswith(k + "/") for k in skip):
+            continue
+        size, gen = _size_generation(r, p, info)
+        out.append(InputFile(rel, size, gen))
+    return tuple(sorted(out, key=lambda f: f.uri))
 
 
 def _lexical(uri: str) -> tuple[str, list[str], list[str]]:

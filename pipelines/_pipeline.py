@@ -1104,14 +1104,19 @@ class Pipeline:
         """What this run's output depends on, and the input listing, read from storage now.
 
         Returns ``(parts, listing)``: the parts (spec fingerprint, a digest
-        of the input listing, digests of files the transforms read, the
-        output format version) whose hash is the committed fingerprint, and
-        the listing itself (path, size, generation / mtime per input file).
-        No Ray.
+        of the input listing, digests of files the transforms read, digests
+        of the listings of folders they read, the output format version)
+        whose hash is the committed fingerprint, and the listing itself
+        (path, size, generation / mtime per input file). The folder listings
+        are kept in ``self._folder_listings`` for the manifest. No Ray.
         """
         inputs = self.input_listing()
         files = _rerun.transform_file_digests(self.spec)
-        return _rerun.fingerprint_parts(self.fingerprint, inputs, files), inputs
+        sink = self.spec.sink
+        folders = _rerun.transform_folder_listings(
+            self.transforms, sink=None if sink is None else sink.uri)
+        self._folder_listings = folders
+        return _rerun.fingerprint_parts(self.fingerprint, inputs, files, folders), inputs
 
     def _as_listed_now(self, inputs: Sequence[Any]) -> tuple[Any, ...]:
         """A committed input listing without the files this version leaves out of
@@ -1129,7 +1134,8 @@ class Pipeline:
 
         Returns the ``already_committed`` report when the sink is committed
         with this run's fingerprint (same spec, same input listing, same
-        files read by transforms, same output format version); None when a
+        files read by transforms, same listings of folders they read, same
+        output format version); None when a
         run must compute (nothing committed yet, or ``overwrite``).
 
         Raises:
@@ -1166,8 +1172,11 @@ class Pipeline:
                 f"(fingerprint {existing.fingerprint}, this one is {fp}). Pass --overwrite "
                 "(Pipeline.run(overwrite=True)) to replace it, or change sink.uri."
             )
+        old_folders = existing.metadata.get(_rerun.FOLDERS_KEY)
         reasons = _rerun.what_changed(
-            old_parts if isinstance(old_parts, dict) else None, parts, existing.inputs, inputs)
+            old_parts if isinstance(old_parts, dict) else None, parts, existing.inputs, inputs,
+            old_folders if isinstance(old_folders, dict) else None,
+            _rerun.folder_metadata(self._folder_listings))
         raise AlreadyCommittedError(
             f"{target.uri} is committed by this pipeline from other input: "
             f"{'; '.join(reasons)}. Pass --overwrite (Pipeline.run(overwrite=True)) to recompute "
@@ -1253,6 +1262,10 @@ class Pipeline:
                     "raise max_error_fraction."
                 )
 
+        # Folder listings (for a later run's "what changed"), only where a
+        # transform reads a folder: other manifests stay as they were.
+        folder_meta = ({_rerun.FOLDERS_KEY: _rerun.folder_metadata(self._folder_listings)}
+                       if self._folder_listings else {})
         why_not = self.units_unavailable() if not corrupt else (
             "the committed manifest could not be parsed; it is replaced by a full run")
         unit_info: dict[str, Any] = {"reuse": why_not or "per input file", "shards_reused": 0,
@@ -1265,13 +1278,13 @@ class Pipeline:
                     counters=counters, quarantine=quarantine, report_rel=report_rel,
                     quarantine_rel=quarantine_rel, before_commit=before_commit,
                     metadata={"pipeline": self.name, "seed": self.spec.seed,
-                              "fit_stats": fit_stats, _rerun.PARTS_KEY: parts},
+                              "fit_stats": fit_stats, _rerun.PARTS_KEY: parts, **folder_meta},
                     info=unit_info,
                 )
             return write_parquet(
                 ds, target.uri, fingerprint=fp, overwrite=overwrite,
                 metadata={"pipeline": self.name, "seed": self.spec.seed, "fit_stats": fit_stats,
-                          _rerun.PARTS_KEY: parts},
+                          _rerun.PARTS_KEY: parts, **folder_meta},
                 before_commit=before_commit, inputs=inputs, writer_id=writer, report=report_rel,
                 quarantine=quarantine_rel, ray_remote_args=self._retries(),
                 watch=_Watch(counters), **dict(sink.options), **storage,

@@ -7,6 +7,9 @@ A committed run's fingerprint covers everything that determines its output:
   generation (GCS) or modification time (local), stored in the manifest so
   a rerun can say what changed;
 - the content of files the transforms read (a ``tokenizer.json``);
+- the listing of each folder a transform reads files from (``decode_image``'s
+  ``root``): every file's relative path, size and generation or mtime, like
+  the input listing; one listing per decide, no file is opened;
 - :data:`OUTPUT_FORMAT_VERSION`, bumped whenever the rows a pipeline writes
   for the same input change (a transform's semantics, the shard layout), not
   with every package release.
@@ -45,6 +48,13 @@ OUTPUT_FORMAT_VERSION = 3
 
 #: Manifest metadata key holding the fingerprint's parts (for "what changed").
 PARTS_KEY = "fingerprint_parts"
+#: Manifest metadata key holding the listings of folders transforms read
+#: (``{uri: {"files": n, "listing": [[path, size, generation], ...] | null}}``),
+#: for "what changed" only; the fingerprint holds their digests.
+FOLDERS_KEY = "folder_listings"
+#: A folder listing of more files than this is not stored in the manifest
+#: (which stays small); its change is then reported by file counts only.
+MAX_STORED_FOLDER_FILES = 10_000
 
 _FILE_SUFFIXES = (".json", ".model", ".txt", ".vocab", ".bin", ".yaml", ".yml")
 
@@ -91,6 +101,31 @@ def transform_file_digests(spec: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
+def transform_folder_listings(transforms: Iterable[Any], *, sink: str | None = None
+                              ) -> dict[str, tuple[Any, ...]]:
+    """The listing of each folder the transforms read files from, by its URI.
+
+    See ``Transform.folders_read``; one recursive listing per folder. A sink
+    inside such a folder is left out of its listing: each commit changes it.
+    """
+    from slicefeed.connectors._commit import list_folder
+
+    out: dict[str, tuple[Any, ...]] = {}
+    for t in transforms:
+        for uri, storage in t.folders_read():
+            if uri not in out:
+                out[uri] = list_folder(uri, exclude=() if sink is None else (sink,), **storage)
+    return out
+
+
+def folder_metadata(folders: Mapping[str, Sequence[Any]]) -> dict[str, Any]:
+    """The folder listings as stored in the manifest's metadata (``FOLDERS_KEY``)."""
+    return {uri: {"files": len(listing),
+                  "listing": _listing_doc(listing) if len(listing) <= MAX_STORED_FOLDER_FILES
+                  else None}
+            for uri, listing in sorted(folders.items())}
+
+
 def _listing_doc(inputs: Sequence[Any]) -> list[list[Any]]:
     return sorted([str(i.uri), i.size, None if i.generation is None else str(i.generation)]
                   for i in inputs)
@@ -103,10 +138,20 @@ def listing_digest(inputs: Sequence[Any] | None) -> str | None:
 
 
 def fingerprint_parts(spec_fingerprint: str, inputs: Sequence[Any] | None,
-                      files: Mapping[str, str]) -> dict[str, Any]:
-    """The parts a run's fingerprint is made of (stored in the manifest's metadata)."""
-    return {"spec": spec_fingerprint, "inputs": listing_digest(inputs),
-            "files": dict(sorted(files.items())), "format_version": OUTPUT_FORMAT_VERSION}
+                      files: Mapping[str, str],
+                      folders: Mapping[str, Sequence[Any]] | None = None) -> dict[str, Any]:
+    """The parts a run's fingerprint is made of (stored in the manifest's metadata).
+
+    ``folders`` (folder URI -> listing) adds a ``folders`` part only when a
+    transform reads a folder, so other pipelines' fingerprints stay as they were.
+    """
+    parts: dict[str, Any] = {
+        "spec": spec_fingerprint, "inputs": listing_digest(inputs),
+        "files": dict(sorted(files.items())), "format_version": OUTPUT_FORMAT_VERSION}
+    if folders:
+        parts["folders"] = {uri: listing_digest(listing)
+                            for uri, listing in sorted(folders.items())}
+    return parts
 
 
 def same_but_listing(old_parts: Mapping[str, Any], parts: Mapping[str, Any]) -> bool:
@@ -128,18 +173,38 @@ def describe_input_changes(old: Sequence[Any] | None, new: Sequence[Any]) -> str
               for i in old}
     after = {str(i.uri): (i.size, None if i.generation is None else str(i.generation))
              for i in new}
+    return _count_changes(before, after, "input file") or "the input listing is the same"
+
+
+def _count_changes(before: Mapping[str, Any], after: Mapping[str, Any], noun: str) -> str:
+    """``"2 <noun>s added, 1 changed, 1 removed since the committed run (e.g. ...)"``,
+    or ``""`` when the two listings agree."""
     added = sorted(set(after) - set(before))
     removed = sorted(set(before) - set(after))
     changed = sorted(u for u in set(after) & set(before) if after[u] != before[u])
     parts = []
     for n, what in ((len(added), "added"), (len(changed), "changed"), (len(removed), "removed")):
         if n:
-            parts.append(f"{n} {'input file' if n == 1 else 'input files'} {what}"
+            parts.append(f"{n} {noun if n == 1 else noun + 's'} {what}"
                          if not parts else f"{n} {what}")
     if not parts:
-        return "the input listing is the same"
+        return ""
     example = (added or changed or removed)[0]
     return ", ".join(parts) + f" since the committed run (e.g. {_short(example)})"
+
+
+def describe_folder_change(uri: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
+    """Why a folder a transform reads differs, from its two ``FOLDERS_KEY`` entries."""
+    head = f"the files under {_short(uri)} (read by a transform) changed"
+    old_list, new_list = old.get("listing"), new.get("listing")
+    if isinstance(old_list, list) and isinstance(new_list, list):
+        counted = _count_changes({str(e[0]): tuple(e[1:]) for e in old_list},
+                                 {str(e[0]): tuple(e[1:]) for e in new_list}, "file")
+        if counted:
+            return f"{head}: {counted}"
+    if isinstance(old.get("files"), int) and isinstance(new.get("files"), int):
+        return f"{head} ({old['files']} files committed, {new['files']} now)"
+    return head
 
 
 def _short(uri: str, limit: int = 120) -> str:
@@ -148,8 +213,13 @@ def _short(uri: str, limit: int = 120) -> str:
 
 
 def what_changed(old_parts: Mapping[str, Any] | None, new_parts: Mapping[str, Any],
-                 old_inputs: Sequence[Any] | None, new_inputs: Sequence[Any]) -> list[str]:
-    """Human reasons why the committed run's fingerprint differs from this run's."""
+                 old_inputs: Sequence[Any] | None, new_inputs: Sequence[Any],
+                 old_folders: Mapping[str, Any] | None = None,
+                 new_folders: Mapping[str, Any] | None = None) -> list[str]:
+    """Human reasons why the committed run's fingerprint differs from this run's.
+
+    ``old_folders``/``new_folders``: the ``FOLDERS_KEY`` metadata of each run.
+    """
     if not old_parts:
         return [("the committed dataset was written before inputs were fingerprinted "
                  "(no input listing recorded)")]
@@ -162,6 +232,17 @@ def what_changed(old_parts: Mapping[str, Any] | None, new_parts: Mapping[str, An
     for name in sorted(set(old_files) | set(new_files)):
         if old_files.get(name) != new_files.get(name):
             reasons.append(f"the content of {_short(name)} (read by a transform) changed")
+    old_dirs, new_dirs = old_parts.get("folders") or {}, new_parts.get("folders") or {}
+    for uri in sorted(set(old_dirs) | set(new_dirs)):
+        if old_dirs.get(uri) != new_dirs.get(uri):
+            if uri not in old_dirs:
+                reasons.append(f"the files under {_short(uri)} (read by a transform) were not "
+                               "part of the committed run's fingerprint")
+            elif uri not in new_dirs:
+                reasons.append(f"{_short(uri)} is no longer read by a transform")
+            else:
+                reasons.append(describe_folder_change(
+                    uri, (old_folders or {}).get(uri) or {}, (new_folders or {}).get(uri) or {}))
     if old_parts.get("format_version") != new_parts["format_version"]:
         reasons.append(f"the output format version changed (committed: "
                        f"{old_parts.get('format_version')}, this slicefeed: "

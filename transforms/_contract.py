@@ -142,6 +142,15 @@ class Transform:
         """
         return {}
 
+    def folders_read(self) -> tuple[tuple[str, dict[str, Any]], ...]:
+        """``(uri, storage options)`` of each folder whose files the transform reads.
+
+        A pipeline's rerun fingerprint covers each such folder's listing (every
+        file's path, size and generation), so output made from files that
+        changed since is never "already committed". Default: none.
+        """
+        return ()
+
     def with_seed(self, seed: int) -> Transform:
         """Returns a copy that draws its randomness from ``seed``.
 

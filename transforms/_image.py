@@ -326,6 +326,10 @@ class DecodeImage(_ImageTransform):
             same.sort(key=lambda us: _bucket(us[0]) != bucket)
         return self.with_storage(**same[0][1])
 
+    def folders_read(self) -> tuple[tuple[str, dict[str, Any]], ...]:
+        """``root`` (paths in the column are read under it), with its storage options."""
+        return () if self.root is None else ((self.root, self.storage),)
+
     def _root(self):
         """``(fs, root path, real local root or None)`` of ``root``."""
         from slicefeed.connectors import resolve_filesystem

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 import threading
 from typing import Any, ClassVar
@@ -28,29 +29,65 @@ from slicefeed.transforms._contract import Transform
 BYTE_PAD_ID, BYTE_BOS_ID, BYTE_EOS_ID, BYTE_OFFSET = 0, 1, 2, 3
 BYTE_VOCAB_SIZE = 256 + BYTE_OFFSET
 
-_CACHE: dict[str, Any] = {}
+#: Tokenizers by the SHA-256 of their tokenizer.json bytes: a file's content,
+#: not its name, decides which tokenizer encodes (the rerun fingerprint records
+#: that same digest), so a replaced file is never served from here.
+_BY_DIGEST: dict[str, Any] = {}
+#: uri -> ((size, generation or mtime_ns), digest): the cheap per-call check that
+#: the bytes last read from ``uri`` are still the file's; any change re-reads.
+_STAMPS: dict[str, tuple[tuple[Any, Any], str]] = {}
 _CACHE_LOCK = threading.Lock()
 #: Longest pad_or_truncate length: every row becomes a list of this length.
 MAX_PAD_LENGTH = 1 << 20
+
+
+def _stamp(r) -> tuple[Any, Any]:
+    """``(size, generation)`` of a tokenizer file now: the GCS object generation,
+    or the local modification time in ns (one metadata request, no content).
+
+    A local file rewritten in place with the same size within one tick of the
+    filesystem's clock keeps its stamp; the input listing has the same limit.
+    """
+    import os
+
+    if r.protocol == "file":
+        st = os.stat(r.path)
+        return st.st_size, st.st_mtime_ns
+    # A listing cached by this filesystem instance may predate a replacement.
+    r.fs.invalidate_cache(r.path)
+    info = r.fs.info(r.path)
+    gen = info.get("generation") or info.get("mtime") or info.get("updated")
+    return info.get("size"), None if gen is None else str(gen)
 
 
 def load_hf_tokenizer(uri: str):
     """A ``tokenizers.Tokenizer`` from a ``tokenizer.json`` path or gs:// URI.
 
     Fetches the file's bytes through :func:`slicefeed.connectors.resolve_filesystem`
-    (the only storage access in transforms) and caches the tokenizer per
-    process, so each Ray worker loads it once.
+    (the only storage access in transforms). Each call checks the file's size
+    and generation (GCS) or modification time (local): while they are the ones
+    last seen, the tokenizer parsed from those bytes is returned (per process,
+    so each Ray worker parses a file once); otherwise the bytes are read again
+    and the tokenizer is looked up by their SHA-256, so a replaced file is
+    never tokenized with the tokenizer of its former content.
 
     Raises:
         FileNotFoundError: naming the URI.
         ValueError: if the file is not a valid tokenizer.json.
     """
-    with _CACHE_LOCK:
-        tok = _CACHE.get(uri)
-        if tok is not None:
-            return tok
     from slicefeed.connectors import resolve_filesystem
 
+    r = resolve_filesystem(uri)
+    try:
+        stamp = _stamp(r)
+    except (OSError, ValueError):
+        stamp = None  # reported by the read below
+    with _CACHE_LOCK:
+        seen = _STAMPS.get(uri)
+        if stamp is not None and seen is not None and seen[0] == stamp:
+            tok = _BY_DIGEST.get(seen[1])
+            if tok is not None:
+                return tok
     try:
         from tokenizers import Tokenizer
     except ImportError as e:  # pragma: no cover
@@ -58,7 +95,6 @@ def load_hf_tokenizer(uri: str):
             "Tokenize with a tokenizer.json needs the 'tokenizers' package: "
             "pip install 'slicefeed[tokenizers]'"
         ) from e
-    r = resolve_filesystem(uri)
     try:
         data = r.fs.cat_file(r.path)
     except FileNotFoundError:
@@ -72,14 +108,26 @@ def load_hf_tokenizer(uri: str):
             f"({type(e).__name__}: {printable(e.strerror or str(e), 200)}); pass the path or "
             "gs:// URI of a Hugging Face tokenizer.json, or tokenizer: bytes for the built-in one."
         ) from None
-    try:
-        tok = Tokenizer.from_str(data.decode("utf-8"))
-    except Exception as e:
-        raise SpecError(
-            f"Tokenize: {printable(uri, 200)} is not a valid tokenizer.json ({printable(str(e), 300)})"
-        ) from e
+    digest = hashlib.sha256(data).hexdigest()
     with _CACHE_LOCK:
-        _CACHE[uri] = tok
+        tok = _BY_DIGEST.get(digest)
+    if tok is None:
+        try:
+            tok = Tokenizer.from_str(data.decode("utf-8"))
+        except Exception as e:
+            raise SpecError(
+                f"Tokenize: {printable(uri, 200)} is not a valid tokenizer.json ({printable(str(e), 300)})"
+            ) from e
+    with _CACHE_LOCK:
+        _BY_DIGEST[digest] = tok
+        if stamp is not None:
+            # The stamp was taken before the read: if the file changed in between,
+            # the next call sees a newer stamp and reads again.
+            _STAMPS[uri] = (stamp, digest)
+        # Only tokenizers some file still holds stay loaded.
+        live = {d for _, d in _STAMPS.values()} | {digest}
+        for d in [d for d in _BY_DIGEST if d not in live]:
+            del _BY_DIGEST[d]
     return tok
 
 
@@ -246,11 +294,12 @@ class Tokenize(Transform):
         arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
         arr, bad, reasons = self._utf8(arr)
         valid = ~bad
+        # One tokenizer for the whole batch (one file check per batch).
+        tok = None if self.is_bytes else load_hf_tokenizer(self.tokenizer)
         if self.is_bytes:
             values, offsets, _ = list_parts(arr)
             values = values.astype(np.int32) + BYTE_OFFSET
         else:
-            tok = load_hf_tokenizer(self.tokenizer)
             texts = arr.to_pylist()
             idx = np.flatnonzero(valid)
             if len(idx) < len(texts):
@@ -265,7 +314,6 @@ class Tokenize(Transform):
             values = np.fromiter(
                 itertools.chain.from_iterable(ids), np.int32, int(offsets[-1])
             )
-        tok = None if self.is_bytes else load_hf_tokenizer(self.tokenizer)
         bos, eos = self._special(tok, "bos"), self._special(tok, "eos")
         lengths = np.where(valid, np.diff(offsets), 0)
         if not valid.all():

@@ -106,3 +106,164 @@ def test_dataset_whose_listing_held_unread_files_is_still_committed(ray_cluster,
         f.write('{"id": 9}\n')
     with pytest.raises(AlreadyCommittedError, match="1 input file added"):
         Pipeline(spec).decide()
+
+
+def _rows(uri: str) -> list[dict]:
+    import os
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from slicefeed.connectors import read_manifest
+
+    m = read_manifest(uri)
+    return pa.concat_tables([pq.read_table(os.path.join(uri, f.path)) for f in m.files]).to_pylist()
+
+
+def test_replaced_tokenizer_json_is_used_by_the_next_run_in_the_same_process(
+        ray_cluster, local_dir):
+    """A tokenizer.json replaced between two runs of one process (a notebook, a
+    scheduler) tokenizes the second run: neither the driver nor the Ray workers
+    may keep the first file's tokenizer, since the manifest records the new
+    file's digest."""
+    import json
+    import os
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from slicefeed.pipelines import Pipeline
+
+    raw, tok_path = os.path.join(local_dir, "raw"), os.path.join(local_dir, "tokenizer.json")
+    os.makedirs(raw)
+    with open(os.path.join(raw, "a.jsonl"), "w") as f:
+        f.write("".join(json.dumps({"text": t}) + "\n" for t in ["hello world", "world hello"]))
+
+    def save(vocab):
+        tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        tok.save(tok_path)
+
+    spec = {"name": "tok", "source": {"format": "jsonl", "uri": raw},
+            "transforms": [{"tokenize": {"column": "text", "tokenizer": tok_path}}],
+            "sink": {"format": "parquet", "uri": os.path.join(local_dir, "out")}}
+    save({"[UNK]": 0, "hello": 1, "world": 2})
+    Pipeline(spec).run()
+    assert sorted(r["tokens"] for r in _rows(spec["sink"]["uri"])) == [[1, 2], [2, 1]]
+    save({"[UNK]": 0, "hello": 10, "world": 20})  # same path and size class, new ids
+    with pytest.raises(AlreadyCommittedError, match="tokenizer.json .read by a transform. changed"):
+        Pipeline(spec).decide()
+    assert Pipeline(spec).run(overwrite=True).status == "committed"
+    assert sorted(r["tokens"] for r in _rows(spec["sink"]["uri"])) == [[10, 20], [20, 10]]
+    assert Pipeline(spec).decide().status == "already_committed"
+
+
+def _image_spec(local_dir: str) -> dict:
+    import os
+
+    import numpy as np
+    from PIL import Image
+
+    images, labels = os.path.join(local_dir, "images"), os.path.join(local_dir, "labels")
+    os.makedirs(images)
+    os.makedirs(labels)
+    for name, v in (("a.png", 10), ("b.png", 20)):
+        Image.fromarray(np.full((4, 4, 3), v, np.uint8)).save(os.path.join(images, name))
+    with open(os.path.join(labels, "labels.csv"), "w") as f:
+        f.write("path,label\na.png,0\nb.png,1\n")
+    return {"name": "img", "source": {"format": "csv", "uri": os.path.join(labels, "labels.csv")},
+            "transforms": [{"decode_image": {"column": "path", "output": "image", "root": images,
+                                             "mode": "RGB"}},
+                           {"select": {"columns": ["image", "label"]}}],
+            "sink": {"format": "parquet", "uri": os.path.join(local_dir, "out")}}
+
+
+def test_image_replaced_under_decode_image_root_is_a_change(ray_cluster, local_dir):
+    """decode_image reads files under its root: a replaced image (same name,
+    other pixels) makes the committed dataset stale, so a rerun is refused
+    with a message naming the root folder, and --overwrite recomputes it."""
+    import os
+
+    import numpy as np
+    from PIL import Image
+
+    from slicefeed.pipelines import Pipeline
+
+    spec = _image_spec(local_dir)
+    images, out = spec["transforms"][0]["decode_image"]["root"], spec["sink"]["uri"]
+    Pipeline(spec).run()
+    assert Pipeline(spec).decide().status == "already_committed"  # unchanged: nothing to do
+    Image.fromarray(np.full((6, 6, 3), 200, np.uint8)).save(os.path.join(images, "a.png"))
+    with pytest.raises(AlreadyCommittedError) as e:
+        Pipeline(spec).decide()
+    msg = str(e.value)
+    assert "1 file changed" in msg and images in msg and "read by a transform" in msg, msg
+    assert "input file" not in msg, msg
+    assert Pipeline(spec).run(overwrite=True).status == "committed"
+    pixels = {r["label"]: r["image"]["pixels"][0][0] for r in _rows(out)}
+    assert pixels == {0: 200, 1: 20}
+    assert Pipeline(spec).decide().status == "already_committed"
+    # A file added to and one removed from the root are counted too.
+    Image.fromarray(np.full((4, 4, 3), 1, np.uint8)).save(os.path.join(images, "c.png"))
+    os.remove(os.path.join(images, "b.png"))
+    with pytest.raises(AlreadyCommittedError, match="1 file added, 1 removed"):
+        Pipeline(spec).decide()
+
+
+def test_folder_listing_covers_every_file_and_its_generation(base_uri):
+    """The listing of a folder a transform reads: relative path, size and
+    generation (GCS) or mtime_ns (local) of every file, hidden ones included;
+    a replaced file changes it without any file being read."""
+    import time
+
+    from slicefeed.connectors._commit import list_folder
+    from tests._harness import put_bytes
+
+    root = f"{base_uri}/images"
+    assert list_folder(root) == ()  # not there yet: an empty listing
+    put_bytes(f"{root}/a.png", b"a")
+    put_bytes(f"{root}/sub dir/.b.png", b"bb")
+    first = list_folder(root)
+    assert [(f.uri, f.size) for f in first] == [("a.png", 1), ("sub dir/.b.png", 2)]
+    assert all(f.generation for f in first)
+    time.sleep(0.01)
+    put_bytes(f"{root}/a.png", b"c")  # same name and size, new content
+    second = list_folder(root)
+    assert [f.uri for f in second] == ["a.png", "sub dir/.b.png"] and second != first
+
+
+def test_folder_change_message_is_bounded_and_counts_files():
+    from slicefeed.pipelines._rerun import MAX_STORED_FOLDER_FILES, folder_metadata
+
+    root = "gs://b/images"
+    old = {root: [_In("a.png", 1, "1"), _In("b.png", 1, "1")]}
+    new = {root: [_In("a.png", 1, "2"), _In("c.png", 1, "1")]}
+    a, b = fingerprint_parts("s", [], {}, old), fingerprint_parts("s", [], {}, new)
+    assert "folders" not in fingerprint_parts("s", [], {}, {})  # other specs: as before
+    assert combine(a) != combine(b)
+    assert what_changed(a, b, [], [], folder_metadata(old), folder_metadata(new)) == [
+        (f"the files under {root} (read by a transform) changed: 1 file added, 1 changed, "
+        "1 removed since the committed run (e.g. c.png)")]
+    many = {root: [_In(f"{i}.png", 1, "1") for i in range(MAX_STORED_FOLDER_FILES + 1)]}
+    assert folder_metadata(many)[root] == {"files": MAX_STORED_FOLDER_FILES + 1, "listing": None}
+    c = fingerprint_parts("s", [], {}, many)
+    assert what_changed(a, c, [], [], folder_metadata(old), folder_metadata(many)) == [
+        (f"the files under {root} (read by a transform) changed (2 files committed, "
+        f"{MAX_STORED_FOLDER_FILES + 1} now)")]
+    # Committed before folders were fingerprinted: said so.
+    before = fingerprint_parts("s", [], {})
+    assert what_changed(before, a, [], [], None, folder_metadata(old)) == [
+        (f"the files under {root} (read by a transform) were not part of the committed "
+        "run's fingerprint")]
+
+
+def test_sink_inside_decode_image_root_is_not_a_change(ray_cluster, local_dir):
+    """A sink written under decode_image's root changes with every commit; it
+    is left out of the root's listing, so an unchanged rerun has nothing to do."""
+    import os
+
+    from slicefeed.pipelines import Pipeline
+
+    spec = _image_spec(local_dir)
+    spec["sink"]["uri"] = os.path.join(spec["transforms"][0]["decode_image"]["root"], "out")
+    Pipeline(spec).run()
+    assert Pipeline(spec).decide().status == "already_committed"

@@ -162,6 +162,37 @@ def test_hf_tokenizer_in_ray_workers(gs_tokenizer, hf_tokenizer_json, ray_cluste
     ]
 
 
+@pytest.mark.parametrize("where", ["local", "gcs"])
+def test_replaced_tokenizer_file_is_read_again(where, tmp_path, request):
+    """A tokenizer.json is parsed once per content: an unchanged file is served
+    from the process's cache, a replaced one (same name) is read again."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from slicefeed.transforms import load_hf_tokenizer
+
+    if where == "local":
+        uri = str(tmp_path / "tok dir" / "tokenizer.json")
+    else:
+        uri = f"gs://{request.getfixturevalue('bucket')}/t/tokenizer.json"
+    r = resolve_filesystem(uri)
+    r.fs.makedirs(r.path.rsplit("/", 1)[0], exist_ok=True)
+
+    def save(vocab) -> None:
+        tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        r.fs.pipe_file(r.path, tok.to_str().encode())
+
+    save({"[UNK]": 0, "hello": 1})
+    first = load_hf_tokenizer(uri)
+    assert load_hf_tokenizer(uri) is first  # unchanged: not parsed again
+    assert first.encode("hello").ids == [1]
+    save({"[UNK]": 0, "hello": 17})  # another size: seen even where mtimes are coarse
+    assert load_hf_tokenizer(uri).encode("hello").ids == [17]
+    t = Tokenize(column="text", tokenizer=uri)
+    out = t(pa.table({"text": ["hello"]}))
+    assert out.column("tokens").to_pylist() == [[17]]
+
+
 def test_hf_special_tokens_must_exist(gs_tokenizer):
     with pytest.raises(SpecError, match=r"add_bos: true needs bos_token"):
         Tokenize(tokenizer=gs_tokenizer, add_bos=True).output_schema(_table().schema)
