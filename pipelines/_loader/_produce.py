@@ -265,19 +265,24 @@ class Producer:
         On several hosts the steps are still agreed in rounds, as in
         :meth:`_agreed_epoch`: a value one host cannot convert (out of range
         for ``dtypes=``, a null) or a read that fails is found only when its
-        batch is converted, so each round's batches are read and converted
-        before the round's exchange, and the failing host publishes its error
-        under that round's tag instead of reporting it. The other hosts then
-        raise naming it, after the same steps, instead of taking steps it will
-        not take. The exchange carries no count (every host knows the steps);
-        rounds grow from 1 to ``group_max`` steps, the same on every host. On
-        one host there is no exchange and nothing is held ahead.
+        batch is converted, so a round's batches are read and converted before
+        the round's exchange, and the failing host publishes its error under
+        that round's tag instead of reporting it. The other hosts then raise
+        naming it, after the same steps, instead of taking steps it will not
+        take. The exchange carries no count (every host knows the steps);
+        rounds grow from 1 to ``group_max`` steps, the same on every host.
+
+        The next round is converted while this one is delivered, one batch per
+        step delivered, so conversion overlaps the consumer as on one host; an
+        error converting it is raised once this round (agreed by every host) is
+        delivered. At most two rounds of host arrays are held. On one host
+        there is no exchange and rounds are one step.
         """
         lb = self.lb
-        step = start
         it = iter(tables)
-        data = True  # this host may have another full batch (or, for "pad", any)
         agree = self.agreement.process_count > 1
+        stop = self.ctx.stop
+        more = [True]  # this host may have another full batch (or, for "pad", any)
         group, sent = 1, []
 
         def ended() -> None:
@@ -285,39 +290,55 @@ class Producer:
                 # Rows of this host's share beyond the agreed steps (counted, not delivered).
                 self.stats.add(dropped_rows=max(local_share - steps * lb, 0))
 
-        while step < steps and not self.ctx.stop.is_set():
-            n = min(group if agree else 1, steps - step)
-            tag = self.next_tag = f"e{epoch}/s{step}"
-            held: list[tuple[dict, int] | None] = []  # None: a fully masked step
-            for i in range(n):
-                table = next(it, None) if data else None
-                if table is None or (table.num_rows < lb and self.remainder == "drop"):
-                    if data:
-                        data = False  # a partial batch "drop" drops is never converted
-                        ended()
-                    held.append(None)
-                else:
-                    held.append((self._host(table, epoch, (step + i) * lb, ctx), table.num_rows))
-            if self.ctx.stop.is_set():
-                return
+        def convert(at: int) -> tuple[dict, int] | None:
+            """Host arrays and rows of step ``at``; None for a fully masked step."""
+            table = next(it, None) if more[0] else None
+            if table is None or (table.num_rows < lb and self.remainder == "drop"):
+                if more[0]:
+                    more[0] = False  # a partial batch "drop" drops is never converted
+                    ended()
+                return None
+            return self._host(table, epoch, at * lb, ctx), table.num_rows
+
+        step = start
+        held = [convert(step + i) for i in range(min(group, max(steps - step, 0)))]
+        while held and not stop.is_set():
+            tag = f"e{epoch}/s{step}"
             if agree:
-                self.agreement.exchange(tag, "ok", self.ctx.stop)
+                self.agreement.exchange(tag, "ok", stop)
                 self.stats.add(agreements=1)
                 sent.append(tag)
                 if len(sent) > 2:  # every host has decided it: each has set a later key
                     self.agreement.forget(sent.pop(0))
                 group = min(2 * group, self.group_max)
-            # A failure while delivering this round's steps is published under the next.
-            self.next_tag = f"e{epoch}/s{step + n}" if step + n < steps else f"e{epoch + 1}/s0"
+            after = step + len(held)
+            n_next = min(group, steps - after)
+            # A failure from here on is published under the next round's tag.
+            self.next_tag = f"e{epoch}/s{after}" if after < steps else f"e{epoch + 1}/s0"
+            nxt: list[tuple[dict, int] | None] = []
+            failed: Exception | None = None
             for item in held:
-                if self.ctx.stop.is_set():
+                if stop.is_set():
                     return
                 if item is None:
                     yield self._emit(self._filler(), epoch, step, 0)
                 else:
                     yield self._emit(self.placement.to_global(item[0]), epoch, step, item[1])
                 step += 1
-        if data:
+                if failed is None and len(nxt) < n_next:
+                    try:
+                        nxt.append(convert(after + len(nxt)))
+                    except Exception as e:  # noqa: BLE001 - raised after this agreed round
+                        failed = e
+            while failed is None and len(nxt) < n_next and not stop.is_set():
+                try:
+                    nxt.append(convert(after + len(nxt)))
+                except Exception as e:  # noqa: BLE001 - raised below
+                    failed = e
+            if failed is not None:
+                raise failed
+            held = nxt
+        if more[0]:
             ended()
 
     def _agreed_epoch(self, tables, epoch: int, start: int):
