@@ -166,8 +166,8 @@ def _patch_previous_loader() -> None:
             if pending is None:
                 yield self._emit(self._filler(), epoch, step, 0)
             else:
-                batch, n = self._convert(pending, epoch, step * lb, self.ctx)
-                yield self._emit(batch, epoch, step, n)
+                batch = self.placement.to_global(self._host(pending, epoch, step * lb, self.ctx))
+                yield self._emit(batch, epoch, step, pending.num_rows)
                 pending = next(it, None)
             step += 1
 

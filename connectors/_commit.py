@@ -519,12 +519,12 @@ def list_inputs(sources: Sequence[tuple[str, str, dict[str, Any]]]) -> tuple[Inp
         except (OSError, ValueError):
             listed = {}
         for p in paths:
-            size, gen = _size_generation(r, p, listed.get(p) or r.fs.info(p))
+            size, gen = size_generation(r, p, listed.get(p) or r.fs.info(p))
             out.append(InputFile(r.to_uri(p), size, gen))
     return tuple(out)
 
 
-def _size_generation(r: ResolvedPath, path: str, info: Mapping[str, Any]) -> tuple[int | None, str | None]:
+def size_generation(r: ResolvedPath, path: str, info: Mapping[str, Any]) -> tuple[int | None, str | None]:
     """``(size, generation)`` of a listed file: the GCS object generation, or
     the local mtime in ns (another store's modification time otherwise)."""
     gen = info.get("generation")
@@ -567,7 +567,7 @@ def list_folder(uri: str, *, exclude: Sequence[str] = (), **storage: Any) -> tup
         rel = p[len(base):].lstrip("/")
         if any(rel == k or rel.startswith(k + "/") for k in skip):
             continue
-        size, gen = _size_generation(r, p, info)
+        size, gen = size_generation(r, p, info)
         out.append(InputFile(rel, size, gen))
     return tuple(sorted(out, key=lambda f: f.uri))
 

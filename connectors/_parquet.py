@@ -83,12 +83,11 @@ def int96_columns(source: Any, pf: Any) -> list[str]:
     """The top-level columns of ``pf`` (opened by :func:`open_parquet` on
     ``source``) holding INT96 timestamps, at any depth: those whose type
     differs when the file is read at pyarrow's default unit."""
-    import pyarrow.parquet as pq
 
     if not any(pf.schema.column(i).physical_type == "INT96"
                for i in range(pf.metadata.num_columns)):
         return []
-    default = pq.ParquetFile(source, metadata=pf.metadata).schema_arrow
+    default = open_parquet_ns(source, pf).schema_arrow
     return [f.name for f in pf.schema_arrow if not f.type.equals(default.field(f.name).type)]
 
 

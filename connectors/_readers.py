@@ -609,11 +609,8 @@ class CsvDatasource(_SlicefeedFileDatasource):
         super().__init__(*args, **kwargs)
         self._delimiter = delimiter
 
-    def _delimiter_of(self, path: str) -> str:
-        return FORMATS["csv"].options_for(path, {"delimiter": self._delimiter})["delimiter"]
-
     def _read_file(self, f: pa.NativeFile, path: str) -> Iterator[pa.Table]:
-        delimiter = self._delimiter_of(path)
+        delimiter = FORMATS["csv"].options_for(path, {"delimiter": self._delimiter})["delimiter"]
         data = f.readall()
         try:
             table = read_csv_bytes(data, delimiter, columns=self._columns)
@@ -626,7 +623,7 @@ class CsvDatasource(_SlicefeedFileDatasource):
             ) from None
         self._check_quotes(data, table, path)
         yield from self._checked(table, path, np.arange(table.num_rows, dtype=np.int64), data,
-                                 csv_text(data, delimiter))
+                                 csv_text(data, delimiter), delimiter)
 
     def _check_quotes(self, data: bytes, table: pa.Table, path: str) -> None:
         """A quote never closed took the records after it into one value: the
@@ -640,7 +637,8 @@ class CsvDatasource(_SlicefeedFileDatasource):
                 "inside a quoted value is written \"\").")
 
     def _checked(
-        self, table: pa.Table, path: str, rows: np.ndarray, data: bytes, as_text: Any
+        self, table: pa.Table, path: str, rows: np.ndarray, data: bytes, as_text: Any,
+        delimiter: str,
     ) -> Iterator[pa.Table]:
         """``table`` (file rows ``rows``) with its text columns as strings and
         no value float64 changed. pyarrow's CSV reader makes a column holding invalid
@@ -650,7 +648,7 @@ class CsvDatasource(_SlicefeedFileDatasource):
         with a number beyond float64's range (made infinite) is a bad record,
         and a binary column becomes ``string`` again. A bad record's raw bytes
         are the record as written (:func:`_csv_records`).
-        ``data`` is the file's text and ``as_text(names)`` re-reads columns as
+        ``data`` is the file's text (``delimiter``-separated) and ``as_text(names)`` re-reads columns as
         strings (see :func:`~slicefeed.connectors._formats.csv_text`)."""
         # A header naming a kept column twice is the file's error, before any record's.
         _check_input_names([n for n in table.column_names
@@ -678,7 +676,7 @@ class CsvDatasource(_SlicefeedFileDatasource):
             raise BadRecordError(f"{self._uri(path)}: {bad[first][0]}. {_FIX_HINT}")
         if bad:
             # The quarantine keeps each bad record as written, not only its value.
-            records = _csv_records(data, self._delimiter_of(path))
+            records = _csv_records(data, delimiter)
             for i, (why, raw) in bad.items():
                 r = int(rows[i])
                 # Rows are numbered by line where records were skipped: a record
@@ -726,7 +724,8 @@ class CsvDatasource(_SlicefeedFileDatasource):
         else:
             rows = np.arange(table.num_rows, dtype=np.int64)
         self._check_quotes(data, table, path)
-        yield from self._checked(table, path, rows, data, csv_text(data, delimiter, skip=True))
+        yield from self._checked(table, path, rows, data, csv_text(data, delimiter, skip=True),
+                                 delimiter)
         if skipped:
             yield self._bad_rows(
                 path,

@@ -1263,7 +1263,7 @@ class Pipeline:
                 )
 
         # Folder listings (for a later run's "what changed"), only where a
-        # transform reads a folder: other manifests stay as they were.
+        # transform reads a folder: other manifests do not carry it.
         folder_meta = ({_rerun.FOLDERS_KEY: _rerun.folder_metadata(self._folder_listings)}
                        if self._folder_listings else {})
         why_not = self.units_unavailable() if not corrupt else (

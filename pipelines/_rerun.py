@@ -143,7 +143,7 @@ def fingerprint_parts(spec_fingerprint: str, inputs: Sequence[Any] | None,
     """The parts a run's fingerprint is made of (stored in the manifest's metadata).
 
     ``folders`` (folder URI -> listing) adds a ``folders`` part only when a
-    transform reads a folder, so other pipelines' fingerprints stay as they were.
+    transform reads a folder, so other pipelines' fingerprints do not depend on it.
     """
     parts: dict[str, Any] = {
         "spec": spec_fingerprint, "inputs": listing_digest(inputs),

@@ -126,6 +126,11 @@ def rows_of(leaf_mask: np.ndarray, row: np.ndarray, n: int) -> np.ndarray:
 def null_value_rows(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """Boolean mask of the valid rows of a list or tensor column that hold a
     null value (a null row itself is not one of them)."""
+    child = tensor_storage(arr)
+    while list_like(child.type):
+        child = tensor_storage(child.values)
+    if not child.null_count:  # every child value, also under null rows: none is null
+        return np.zeros(len(arr), dtype=bool)
     leaves, row = leaf_rows(arr)
     if not leaves.null_count:
         return np.zeros(len(arr), dtype=bool)

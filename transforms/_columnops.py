@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -10,7 +11,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from slicefeed.connectors import ERROR_COLUMN, RESERVED_COLUMNS, short_repr, typed_columns
+from slicefeed.connectors import (
+    ERROR_COLUMN,
+    RESERVED_COLUMNS,
+    printable,
+    short_repr,
+    typed_columns,
+)
 from slicefeed.transforms._arrays import (
     failing_rows,
     fixed_values,
@@ -155,14 +162,16 @@ class Cast(Transform):
                 pc.cast(pa.array([], _storage_type(src)), _storage_type(target))
             except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
                 raise self._spec_error(
-                    f"cannot cast column {short_repr(col)} from {src} to {self.columns[col]}"
+                    f"cannot cast column {short_repr(col)} from {printable(str(src), 200)} to "
+                    f"{printable(str(self.columns[col]), 200)}"
                 ) from None
             if bf16 and not (
                 pa.types.is_floating(target)
                 or pa.types.is_integer(target)
                 or (list_like(target))
             ):
-                raise self._spec_error(f"bfloat16 needs a numeric column; {short_repr(col)} is {src}")
+                raise self._spec_error(
+                    f"bfloat16 needs a numeric column; {short_repr(col)} is {printable(str(src), 200)}")
             i = schema.get_field_index(col)
             fields[i] = self._out_field(col, target, bf16)
         return pa.schema(fields, schema.metadata)
@@ -333,7 +342,7 @@ class Filter(Transform):
         compile_expression(self.expr, label=self._label())
 
     def _compiled(self, schema: pa.Schema) -> tuple[pc.Expression, list[str]]:
-        return compile_expression(self.expr, label=self._label(), schema=schema)
+        return _compiled_for(self.expr, self._label(), schema)
 
     def output_schema(self, schema: pa.Schema) -> pa.Schema:
         expression, cols = self._compiled(schema)
@@ -372,6 +381,13 @@ class Filter(Transform):
             return marked.filter(keep)
 
 
+@functools.lru_cache(maxsize=64)
+def _compiled_for(text: str, label: str, schema: pa.Schema) -> tuple[pc.Expression, list[str]]:
+    """A filter's expression compiled for a batch schema, once per schema (a
+    pipeline's batches share a few)."""
+    return compile_expression(text, label=label, schema=schema)
+
+
 @dataclasses.dataclass(frozen=True)
 class FillNull(Transform):
     """Replaces nulls with constants.
@@ -407,12 +423,12 @@ class FillNull(Transform):
                 OverflowError):
             raise self._spec_error(
                 f"fill value {short_repr(v)} for column {short_repr(c)} cannot be cast to the "
-                f"column type {t}"
+                f"column type {printable(str(t), 200)}"
             ) from None
         if pa.types.is_floating(t) and _overflow_rows(pa.array([given]), pa.array([out]), False)[0]:
             raise self._spec_error(
                 f"fill value {short_repr(v)} for column {short_repr(c)} overflows the column type "
-                f"{t} (it would become infinite); use a value within its range"
+                f"{printable(str(t), 200)} (it would become infinite); use a value within its range"
             )
         return out
 

@@ -75,8 +75,6 @@ def _as_float(v: Any, t: Any) -> Any:
     number) as float64 when it is an integer, so that ``/`` divides as Python
     does; other types are left to Arrow's own kernels (a string is refused).
     Integers beyond 2**53 round, as in Python's ``int / int``."""
-    import pyarrow as pa
-
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         if isinstance(t, pa.DataType) and pa.types.is_integer(t):
             return v.cast(pa.float64(), safe=False)
@@ -91,8 +89,6 @@ def _coerced(left: Any, ltype: Any, right: Any, rtype: Any) -> tuple[Any, Any]:
     integer literal as unsigned (against a negative one, in float64); int64
     against uint64 in float64. ``ltype``/``rtype``: the Arrow type of a column
     side, ``int``/``float`` for a literal, None when unknown (arithmetic)."""
-    import pyarrow as pa
-
     def is_int(t: Any) -> bool:
         return isinstance(t, pa.DataType) and pa.types.is_integer(t)
 

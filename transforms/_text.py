@@ -42,22 +42,18 @@ MAX_PAD_LENGTH = 1 << 20
 
 
 def _stamp(r) -> tuple[Any, Any]:
-    """``(size, generation)`` of a tokenizer file now: the GCS object generation,
-    or the local modification time in ns (one metadata request, no content).
+    """``(size, generation)`` of a tokenizer file now, as the input listing
+    records them (:func:`~slicefeed.connectors._commit.size_generation`): one
+    metadata request, no content.
 
     A local file rewritten in place with the same size within one tick of the
     filesystem's clock keeps its stamp; the input listing has the same limit.
     """
-    import os
+    from slicefeed.connectors._commit import size_generation
 
-    if r.protocol == "file":
-        st = os.stat(r.path)
-        return st.st_size, st.st_mtime_ns
     # A listing cached by this filesystem instance may predate a replacement.
     r.fs.invalidate_cache(r.path)
-    info = r.fs.info(r.path)
-    gen = info.get("generation") or info.get("mtime") or info.get("updated")
-    return info.get("size"), None if gen is None else str(gen)
+    return size_generation(r, r.path, r.fs.info(r.path))
 
 
 def load_hf_tokenizer(uri: str):

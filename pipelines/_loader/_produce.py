@@ -242,10 +242,6 @@ class Producer:
         self.stats.add(host_copies=counter[0], host_copy_bytes=counter[1], host_copy_batches=1)
         return host
 
-    def _convert(self, table, epoch: int, first_row: int, ctx: ReadContext) -> tuple[dict, int]:
-        host = self._host(table, epoch, first_row, ctx)
-        return self.placement.to_global(host), table.num_rows
-
     def _filler(self) -> dict:
         host = empty_batch(self.specs, self.lb)
         if self.mask_key:
@@ -275,14 +271,15 @@ class Producer:
         The next round is converted while this one is delivered, one batch per
         step delivered, so conversion overlaps the consumer as on one host; an
         error converting it is raised once this round (agreed by every host) is
-        delivered. At most two rounds of host arrays are held. On one host
-        there is no exchange and rounds are one step.
+        delivered. What a host holds is about one round: each delivered step
+        is let go as the next round's is converted. On one host there is no
+        exchange and rounds are one step.
         """
         lb = self.lb
         it = iter(tables)
         agree = self.agreement.process_count > 1
         stop = self.ctx.stop
-        more = [True]  # this host may have another full batch (or, for "pad", any)
+        more = True  # this host may have another full batch (or, for "pad", any)
         group, sent = 1, []
 
         def ended() -> None:
@@ -292,13 +289,24 @@ class Producer:
 
         def convert(at: int) -> tuple[dict, int] | None:
             """Host arrays and rows of step ``at``; None for a fully masked step."""
-            table = next(it, None) if more[0] else None
+            nonlocal more
+            table = next(it, None) if more else None
             if table is None or (table.num_rows < lb and self.remainder == "drop"):
-                if more[0]:
-                    more[0] = False  # a partial batch "drop" drops is never converted
+                if more:
+                    more = False  # a partial batch "drop" drops is never converted
                     ended()
                 return None
             return self._host(table, epoch, at * lb, ctx), table.num_rows
+
+        def convert_next(nxt: list, failed: list, first: int, n: int) -> None:
+            """Converts the next of the ``n`` steps from ``first`` into ``nxt``; an
+            error goes to ``failed``, raised once this round (agreed by every host)
+            is delivered."""
+            if not failed and len(nxt) < n:
+                try:
+                    nxt.append(convert(first + len(nxt)))
+                except Exception as e:  # noqa: BLE001 - raised after the round
+                    failed.append(e)
 
         step = start
         held = [convert(step + i) for i in range(min(group, max(steps - step, 0)))]
@@ -316,29 +324,23 @@ class Producer:
             # A failure from here on is published under the next round's tag.
             self.next_tag = f"e{epoch}/s{after}" if after < steps else f"e{epoch + 1}/s0"
             nxt: list[tuple[dict, int] | None] = []
-            failed: Exception | None = None
-            for item in held:
+            failed: list[Exception] = []
+            while held:
                 if stop.is_set():
                     return
+                item = held.pop(0)  # delivered steps are not held: about one round in all
                 if item is None:
                     yield self._emit(self._filler(), epoch, step, 0)
                 else:
                     yield self._emit(self.placement.to_global(item[0]), epoch, step, item[1])
                 step += 1
-                if failed is None and len(nxt) < n_next:
-                    try:
-                        nxt.append(convert(after + len(nxt)))
-                    except Exception as e:  # noqa: BLE001 - raised after this agreed round
-                        failed = e
-            while failed is None and len(nxt) < n_next and not stop.is_set():
-                try:
-                    nxt.append(convert(after + len(nxt)))
-                except Exception as e:  # noqa: BLE001 - raised below
-                    failed = e
-            if failed is not None:
-                raise failed
+                convert_next(nxt, failed, after, n_next)
+            while not failed and len(nxt) < n_next and not stop.is_set():
+                convert_next(nxt, failed, after, n_next)
+            if failed:
+                raise failed[0]
             held = nxt
-        if more[0]:
+        if more:
             ended()
 
     def _agreed_epoch(self, tables, epoch: int, start: int):
