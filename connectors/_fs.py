@@ -58,6 +58,26 @@ def _split_protocol(uri: str) -> tuple[str, str]:
     return "file", uri
 
 
+def canonical_uri(uri: str | os.PathLike[str]) -> str:
+    """The URI :func:`resolve_filesystem` resolves ``uri`` to, without touching storage.
+
+    ``gs://`` and ``gcs://`` become ``gs://bucket/prefix`` without leading or
+    trailing ``/`` (a ``//`` inside is kept: on GCS ``raw//a`` and ``raw/a`` are
+    two object names); a local path or ``file://`` URI becomes the absolute,
+    normalised path (``~`` expanded, ``.`` and doubled or trailing ``/``
+    dropped; relative paths are resolved against the working directory);
+    any other URI is kept as written. Two URIs with the same canonical form
+    name the same files, so a pipeline fingerprints this form.
+    """
+    uri = os.fspath(uri)
+    protocol, rest = _split_protocol(uri)
+    if protocol in ("gs", "gcs"):
+        return f"gs://{rest.strip('/')}"
+    if protocol == "file":
+        return os.path.abspath(os.path.expanduser(rest))
+    return uri
+
+
 def _gcs_filesystem(
     *, token: Any, project: str | None, storage_options: dict[str, Any]
 ) -> fsspec.AbstractFileSystem:
@@ -103,7 +123,7 @@ def resolve_filesystem(
     """
     uri = os.fspath(uri)
     storage_options = dict(storage_options or {})
-    protocol, rest = _split_protocol(uri)
+    protocol, _ = _split_protocol(uri)
     if protocol in ("gs", "gcs"):
         if credentials is not None and anonymous:
             raise SpecError(
@@ -125,11 +145,11 @@ def resolve_filesystem(
         else:
             token = "google_default"
         fs = _gcs_filesystem(token=token, project=project, storage_options=storage_options)
-        path = rest.strip("/")
-        return ResolvedPath(uri=f"gs://{path}", fs=fs, path=path, protocol="gs")
+        canonical = canonical_uri(uri)
+        return ResolvedPath(uri=canonical, fs=fs, path=canonical[len("gs://"):], protocol="gs")
     if protocol == "file":
         fs = fsspec.filesystem("file", **storage_options)
-        path = os.path.abspath(os.path.expanduser(rest))
+        path = canonical_uri(uri)
         return ResolvedPath(uri=path, fs=fs, path=path, protocol="file")
     fs, path = fsspec.core.url_to_fs(uri, **storage_options)
     return ResolvedPath(uri=uri, fs=fs, path=path, protocol=protocol)

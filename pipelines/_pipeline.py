@@ -59,6 +59,7 @@ from slicefeed.pipelines._spec import (
     PipelineSpec,
     SourceSpec,
     expand_uri_templates,
+    listed_fingerprint,
     load_spec,
     validate_spec,
 )
@@ -1116,7 +1117,8 @@ class Pipeline:
         folders = _rerun.transform_folder_listings(
             self.transforms, sink=None if sink is None else sink.uri)
         self._folder_listings = folders
-        return _rerun.fingerprint_parts(self.fingerprint, inputs, files, folders), inputs
+        spec = listed_fingerprint(self.spec, {str(i.uri) for i in inputs})
+        return _rerun.fingerprint_parts(spec, inputs, files, folders), inputs
 
     def _as_listed_now(self, inputs: Sequence[Any]) -> tuple[Any, ...]:
         """A committed input listing without the files this version leaves out of
@@ -1133,10 +1135,12 @@ class Pipeline:
         """Whether a run has anything to do, decided from storage alone (no Ray).
 
         Returns the ``already_committed`` report when the sink is committed
-        with this run's fingerprint (same spec, same input listing, same
-        files read by transforms, same listings of folders they read, same
-        output format version); None when a
-        run must compute (nothing committed yet, or ``overwrite``).
+        with this run's fingerprint (same spec by what it means, written
+        however, same input listing, same files read by transforms, same
+        listings of folders they read, same output format version); None
+        when a run must compute (nothing committed yet, or ``overwrite``).
+        A sink committed before specs were fingerprinted by their meaning is
+        compared with the spec as written (see :mod:`._rerun`).
 
         Raises:
             SpecError: the spec has no sink.
@@ -1159,22 +1163,36 @@ class Pipeline:
         if existing.fingerprint == fp:
             return _already_committed(self.name, target.uri, fp, existing)
         old_parts = existing.metadata.get(_rerun.PARTS_KEY)
+        # Committed before specs were fingerprinted by their meaning: compared in
+        # the form that slicefeed wrote (the spec as written).
+        written = _rerun.written_form(old_parts)
+        mine = _rerun.as_written_form(parts, self.spec.written_fingerprint) if written else parts
+        if written and _rerun.combine(mine) == existing.fingerprint:
+            return _already_committed(self.name, target.uri, existing.fingerprint, existing)
         if (isinstance(old_parts, dict) and existing.inputs is not None
-                and _rerun.same_but_listing(old_parts, parts)
+                and _rerun.same_but_listing(old_parts, mine)
                 and _rerun.listing_digest(self._as_listed_now(existing.inputs)) == parts["inputs"]):
             # Committed by a slicefeed that also listed a folder's files not named
             # for the format (never read): the same input.
             return _already_committed(self.name, target.uri, existing.fingerprint, existing)
         old_spec = old_parts.get("spec") if isinstance(old_parts, dict) else existing.fingerprint
-        if old_spec != self.fingerprint:
+        if old_spec != mine["spec"]:
             raise AlreadyCommittedError(
                 f"{target.uri} already holds a committed dataset written by another pipeline "
-                f"(fingerprint {existing.fingerprint}, this one is {fp}). Pass --overwrite "
-                "(Pipeline.run(overwrite=True)) to replace it, or change sink.uri."
+                f"(fingerprint {existing.fingerprint}, this one is {fp})"
+                + (", or by this one written differently: it was committed by an earlier "
+                   "slicefeed, which compared specs as written, so a spec that differs from "
+                   "the committed one only in how it is written (spaces in an expression, a "
+                   "trailing slash, a default written out) is not recognised there. Run the "
+                   "spec as it was written then, or pass --overwrite (Pipeline.run("
+                   "overwrite=True)) to recompute it once (later reruns compare specs by "
+                   "what they mean), or change sink.uri." if written else
+                   ". Pass --overwrite (Pipeline.run(overwrite=True)) to replace it, or "
+                   "change sink.uri.")
             )
         old_folders = existing.metadata.get(_rerun.FOLDERS_KEY)
         reasons = _rerun.what_changed(
-            old_parts if isinstance(old_parts, dict) else None, parts, existing.inputs, inputs,
+            old_parts if isinstance(old_parts, dict) else None, mine, existing.inputs, inputs,
             old_folders if isinstance(old_folders, dict) else None,
             _rerun.folder_metadata(self._folder_listings))
         raise AlreadyCommittedError(

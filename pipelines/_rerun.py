@@ -2,7 +2,10 @@
 
 A committed run's fingerprint covers everything that determines its output:
 
-- the spec (sources, transforms, seed, bad-record policy; not the sink);
+- the spec (sources, transforms, seed, bad-record policy; not the sink), by
+  what it means (:func:`slicefeed.pipelines._spec.canonical_spec`: paths
+  normalised, expressions by their parsed form, defaults filled in), so a
+  spec written differently is the same pipeline; ``spec_form`` says so;
 - the resolved input listing: every input file's path, size and storage
   generation (GCS) or modification time (local), stored in the manifest so
   a rerun can say what changed;
@@ -17,6 +20,15 @@ A committed run's fingerprint covers everything that determines its output:
 ``decide()`` compares those with what the sink's manifest recorded: the
 same -> nothing to do; anything else -> refused (without ``overwrite``),
 with a message that says what changed and how to proceed.
+
+A dataset committed before specs were normalised has no ``spec_form`` in its
+parts: its spec part is the digest of the spec as written
+(:func:`~slicefeed.pipelines._spec.written_fingerprint`). Its rerun is decided
+from this run's parts in that form (:func:`as_written_form`): the spec as
+written then is still "nothing to do" (nothing is recomputed for the change),
+and a spec written differently, which that digest cannot recognise, is refused
+with a message that says so. Its output is the same, so this is no output
+format change: :data:`OUTPUT_FORMAT_VERSION` stays.
 """
 
 from __future__ import annotations
@@ -45,6 +57,11 @@ from typing import Any
 #: and their rows are split into blocks fixed by the counts (packing after a
 #: mixture depended on the sort's sampled block boundaries).
 OUTPUT_FORMAT_VERSION = 3
+
+#: How the spec part is computed: 2, the spec's meaning
+#: (:func:`~slicefeed.pipelines._spec.canonical_spec`). Parts without it (1)
+#: hold the digest of the spec as written.
+SPEC_FORM = 2
 
 #: Manifest metadata key holding the fingerprint's parts (for "what changed").
 PARTS_KEY = "fingerprint_parts"
@@ -146,12 +163,24 @@ def fingerprint_parts(spec_fingerprint: str, inputs: Sequence[Any] | None,
     transform reads a folder, so other pipelines' fingerprints do not depend on it.
     """
     parts: dict[str, Any] = {
-        "spec": spec_fingerprint, "inputs": listing_digest(inputs),
+        "spec": spec_fingerprint, "spec_form": SPEC_FORM, "inputs": listing_digest(inputs),
         "files": dict(sorted(files.items())), "format_version": OUTPUT_FORMAT_VERSION}
     if folders:
         parts["folders"] = {uri: listing_digest(listing)
                             for uri, listing in sorted(folders.items())}
     return parts
+
+
+def written_form(old_parts: Any) -> bool:
+    """Whether committed parts hold the spec as written (committed before
+    ``spec_form``; also parts of a dataset committed before parts were stored)."""
+    return not isinstance(old_parts, Mapping) or "spec_form" not in old_parts
+
+
+def as_written_form(parts: Mapping[str, Any], written_spec: str) -> dict[str, Any]:
+    """This run's parts as a slicefeed before ``spec_form`` computed them: the
+    spec part is the digest of the spec as written, ``spec_form`` absent."""
+    return {**{k: v for k, v in parts.items() if k != "spec_form"}, "spec": written_spec}
 
 
 def same_but_listing(old_parts: Mapping[str, Any], parts: Mapping[str, Any]) -> bool:

@@ -52,7 +52,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from typing import Any
 
 import jsonschema
@@ -496,6 +496,8 @@ class PipelineSpec:
         preprocess_on: Placement of Ray Data's work (``cpu_only``/``any``) or None.
         task_retries: Reruns of a task whose worker died.
         fingerprint: SHA-256 of what determines the output (see :func:`fingerprint`).
+        written_fingerprint: The fingerprint of the spec as written, as slicefeed
+            computed it before specs were normalised (see :func:`written_fingerprint`).
     """
 
     name: str
@@ -511,6 +513,7 @@ class PipelineSpec:
     #: Reruns of a task whose worker died (Ray's ``max_retries``).
     task_retries: int = 2
     description: str = ""
+    written_fingerprint: str = ""
     #: The validated dict it was built from (what :func:`validate_spec` returns).
     raw: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
@@ -541,6 +544,7 @@ class PipelineSpec:
             max_error_fraction=float(spec["max_error_fraction"]),
             preprocess_on=(spec.get("placement") or {}).get("preprocess_on"),
             fingerprint=fingerprint(spec),
+            written_fingerprint=written_fingerprint(spec),
             task_retries=int(spec.get("task_retries", 2)),
             description=spec.get("description", ""),
             raw=copy.deepcopy(dict(spec)),
@@ -641,11 +645,120 @@ def load_spec(path: str | os.PathLike[str], overrides: Sequence[str] | Mapping[s
     return validate_spec(spec, source=path)
 
 
-def fingerprint(spec: Mapping[str, Any]) -> str:
-    """SHA-256 of what determines the output: sources, transforms, seed, policy.
+def _names_fixed_by(fmt: Any, uri: str) -> bool:
+    """Whether every file ``uri`` names has a name ending in one of ``fmt``'s suffixes
+    known from the URI: a file or glob whose last part ends with such a suffix
+    (``a.tsv``, ``raw/*.csv``). A folder's files are named each their own way."""
+    return fmt.claims(uri.rsplit("/", 1)[-1])
 
-    The sink and storage credentials are left out, so the same pipeline
-    written to another place has the same fingerprint.
+
+def _source_options(src: Mapping[str, Any], *, folders: Container[str]) -> dict[str, Any]:
+    """Every reader option of ``src``, the defaults filled in (what the reader uses).
+
+    An option whose default depends on each file's name (CSV's ``delimiter``:
+    tab for ``.tsv``) is filled in only where the URI fixes the names (see
+    :func:`_names_fixed_by`; not for a URI in ``folders``); elsewhere it stays
+    as given, or None for "by each file's name", so ``delimiter: ","`` over a
+    folder, which also reads its ``.tsv`` files with commas, is another spec.
+    """
+    from slicefeed.connectors._fs import canonical_uri
+
+    given = {k: v for k, v in (src.get("options") or {}).items() if v is not None}
+    fmt = FORMATS.get(src["format"])
+    names = ("columns", "shuffle_seed") if fmt is None else fmt.spec_options
+    out: dict[str, Any] = {k: given.get(k) for k in names}
+    if fmt is None:  # a committed dataset
+        return out
+    by_name = {k for opts in fmt.suffix_options.values() for k in opts}
+    uri = canonical_uri(src["uri"])
+    fixed = _names_fixed_by(fmt, uri) and uri not in folders
+    for key, default in fmt.options.items():
+        if key in given:
+            continue
+        if key not in by_name:
+            out[key] = default
+        elif fixed:
+            out[key] = fmt.options_for(uri.rsplit("/", 1)[-1])[key]
+    return out
+
+
+def canonical_spec(spec: Mapping[str, Any], *, folders: Container[str] = ()) -> dict[str, Any]:
+    """What a validated spec means for the rows it computes: the document its
+    fingerprint hashes.
+
+    Sources by their canonical URI (:func:`~slicefeed.connectors._fs.canonical_uri`:
+    ``gs://b/raw/`` is ``gs://b/raw``, a local path is absolute and normalised),
+    format and reader options with defaults filled in (see :func:`_source_options`);
+    in a mixture also each source's name (its index when unnamed) and weight
+    (a number), which decide its rows; a lone source's name and weight decide
+    nothing and are left out. Each transform as it runs
+    (:meth:`~slicefeed.transforms.Transform.fingerprint_spec` of the transform
+    seeded with the pipeline seed: every argument, defaults filled in, typed;
+    ``filter`` by its parsed expression). Then the seed and the bad-record
+    policy. Left out, as they decide no value: the sink, storage options,
+    name, description, placement and task retries.
+
+    ``folders``: canonical URIs of sources known to be folders (listed), whose
+    files' names, not the URI's, decide name-dependent options.
+    """
+    from slicefeed.connectors._fs import canonical_uri
+    from slicefeed.transforms import transform_from_spec
+
+    mixture = "sources" in spec
+    seed = int(spec.get("seed", 0))
+    sources = []
+    for i, src in enumerate(spec["sources"] if mixture else [spec["source"]]):
+        doc: dict[str, Any] = {"format": src["format"], "uri": canonical_uri(src["uri"]),
+                               "options": _source_options(src, folders=folders)}
+        if mixture:
+            doc.update(name=str(src.get("name", i)), weight=float(src.get("weight", 1.0)))
+        sources.append(doc)
+    return {
+        "sources": sources,
+        "transforms": [transform_from_spec(item).with_seed(seed).fingerprint_spec()
+                       for item in spec.get("transforms") or []],
+        "seed": seed,
+        "on_error": spec.get("on_error", "fail"),
+        "max_error_fraction": float(spec.get("max_error_fraction", 0.0)),
+    }
+
+
+def fingerprint(spec: Mapping[str, Any], *, folders: Container[str] = ()) -> str:
+    """SHA-256 of what determines the output: the spec's :func:`canonical_spec`.
+
+    Two specs that mean the same (a trailing slash, spaces in an expression, a
+    default written out) have one fingerprint; any difference that can change
+    a written value gives another. The sink and storage credentials are left
+    out, so the same pipeline written to another place has the same fingerprint.
+    """
+    doc = canonical_spec(spec, folders=folders)
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def listed_fingerprint(spec: PipelineSpec, listed: Container[str]) -> str:
+    """``spec.fingerprint``, checked against the input listing (``listed``: the
+    listed files' URIs): a source URI named like a file of its format's suffix
+    (``in/a.csv``) that is not listed as a file is a folder so named, whose
+    files' own names decide their name-dependent options (a ``.tsv`` inside is
+    read with tabs), so they are not filled in from the URI's name."""
+    from slicefeed.connectors._fs import canonical_uri, has_glob
+
+    folders = set()
+    for src in spec.sources:
+        fmt = FORMATS.get(src.format)
+        uri = canonical_uri(src.uri)
+        if (fmt is not None and fmt.suffix_options and _names_fixed_by(fmt, uri)
+                and not has_glob(uri) and uri not in listed):
+            folders.add(uri)
+    return fingerprint(spec.raw, folders=folders) if folders else spec.fingerprint
+
+
+def written_fingerprint(spec: Mapping[str, Any]) -> str:
+    """The spec fingerprint of slicefeed before specs were normalised: SHA-256 of
+    the sources (less storage), transforms, seed and policy as written.
+
+    Only to recognise a dataset such a slicefeed committed (its fingerprint
+    parts have no ``spec_form``; see :mod:`slicefeed.pipelines._rerun`).
     """
     def strip(src: Mapping[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in src.items() if k != "storage"}

@@ -31,7 +31,11 @@ from slicefeed.transforms._arrays import (
 from slicefeed.transforms._badrecords import mark_errors
 from slicefeed.transforms._contract import Transform
 from slicefeed.transforms._dtypes import BFLOAT16, bfloat16_field, parse_type, to_bfloat16_bits
-from slicefeed.transforms._expr import compile_expression, evaluate_with_errors
+from slicefeed.transforms._expr import (
+    canonical_expression,
+    compile_expression,
+    evaluate_with_errors,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -343,6 +347,10 @@ class Filter(Transform):
 
     def _compiled(self, schema: pa.Schema) -> tuple[pc.Expression, list[str]]:
         return _compiled_for(self.expr, self._label(), schema)
+
+    def fingerprint_spec(self) -> dict[str, dict[str, Any]]:
+        """The expression by its parsed form: ``x>1`` and ``( x > 1 )`` are one filter."""
+        return {self.name: {"expr": canonical_expression(self.expr)}}
 
     def output_schema(self, schema: pa.Schema) -> pa.Schema:
         expression, cols = self._compiled(schema)

@@ -40,7 +40,7 @@ from slicefeed.connectors import (
     short_repr,
 )
 from slicefeed.transforms._arrays import is_tensor
-from slicefeed.transforms._registry import default_of, plain, register
+from slicefeed.transforms._registry import default_of, field_types, plain, register, typed
 
 if typing.TYPE_CHECKING:  # pragma: no cover
     import ray.data
@@ -182,6 +182,24 @@ class Transform:
             if v != default_of(f):
                 args[f.name] = plain(v)
         return {self.name: args}
+
+    def fingerprint_spec(self) -> dict[str, dict[str, Any]]:
+        """What the rows this transform computes depend on, for a pipeline's rerun
+        fingerprint: ``{name: {arg: value}}`` with every argument, defaults filled
+        in, each in the type its field declares (an integer given for a float
+        argument is that float).
+
+        Two transforms with equal ``fingerprint_spec()`` compute the same rows,
+        so a spec that writes a default out, or writes a number as ``1`` instead
+        of ``1.0``, is the same pipeline. A transform whose argument can be
+        written several ways that mean the same (``filter``'s expression)
+        returns its one form. Call it on the transform a pipeline runs (after
+        :meth:`with_seed`), so that a seed left to the pipeline and the same
+        seed written out are one value.
+        """
+        hints = field_types(type(self))
+        return {self.name: {f.name: typed(getattr(self, f.name), hints.get(f.name))
+                            for f in dataclasses.fields(self) if f.init}}
 
     # -- helpers for subclasses ---------------------------------------------
 

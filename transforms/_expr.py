@@ -343,6 +343,24 @@ def compile_expression(text: str, *, label: str = "Filter",
         ) from None
 
 
+def canonical_expression(text: str) -> str:
+    """The parsed form of an expression: equal for two texts that differ only in
+    spacing, parentheses or quoting (``x>1``, ``( x > 1 )``), else different.
+
+    ``ast.dump`` of the syntax tree, without positions. Column names are taken
+    as written, as the compiler takes them (Python folds identifiers to NFKC,
+    which would make the ligature ``\ufb01`` and ``fi`` one name). Literals
+    keep their type (``1`` and ``1.0`` are different expressions). The text
+    must be one :func:`compile_expression` accepts.
+    """
+    stripped = text.strip()
+    tree = ast.parse(stripped, mode="eval")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            node.id = ast.get_source_segment(stripped, node) or node.id
+    return ast.dump(tree.body)
+
+
 # -- row-level errors ---------------------------------------------------------------
 
 _CHECKED = {ast.Add: "add_checked", ast.Sub: "subtract_checked", ast.Mult: "multiply_checked"}

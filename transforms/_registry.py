@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import types
 import typing
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -58,6 +59,41 @@ def plain(v: Any) -> Any:
     if isinstance(v, Mapping):
         return {k: plain(x) for k, x in v.items()}
     return v
+
+
+def typed(v: Any, hint: Any) -> Any:
+    """:func:`plain` ``v``, with each integer the argument's type declares a float
+    (``p: float`` given ``1``) made that float, so both spellings are one value.
+
+    ``hint`` is the field's resolved annotation (``float``, ``tuple[float, ...] |
+    float``, ``dict[str, float] | None``, ...); anything else is left as it is.
+    """
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if isinstance(v, int) and not isinstance(v, bool):
+            return float(v) if float in args and int not in args else v
+        for a in args:
+            if isinstance(v, (list, tuple)) and typing.get_origin(a) in (tuple, list):
+                return typed(v, a)
+            if isinstance(v, Mapping) and typing.get_origin(a) is dict:
+                return typed(v, a)
+        return plain(v)
+    if hint is float and isinstance(v, int) and not isinstance(v, bool):
+        return float(v)
+    if origin in (tuple, list) and isinstance(v, (list, tuple)):
+        item = args[0] if args else Any
+        return [typed(x, item) for x in v]
+    if origin is dict and isinstance(v, Mapping) and len(args) == 2:
+        return {k: typed(x, args[1]) for k, x in v.items()}
+    return plain(v)
+
+
+def field_types(cls: type) -> dict[str, Any]:
+    """A dataclass's resolved field annotations (empty where they do not resolve)."""
+    try:
+        return typing.get_type_hints(cls)
+    except Exception:  # noqa: BLE001 - a name only imported for type checking: no coercion
+        return {}
 
 
 def _ensure_registered() -> None:

@@ -267,3 +267,209 @@ def test_sink_inside_decode_image_root_is_not_a_change(ray_cluster, local_dir):
     spec["sink"]["uri"] = os.path.join(spec["transforms"][0]["decode_image"]["root"], "out")
     Pipeline(spec).run()
     assert Pipeline(spec).decide().status == "already_committed"
+
+
+# -- a spec that means the same is the same pipeline ---------------------------------------
+#
+# One committed run (module fixture); every variant below is decided against it from
+# storage alone (``Pipeline.decide()``, what ``slicefeed run`` calls before Ray starts).
+
+def _set(path: str, value):
+    """A variant of the spec: ``path`` ("transforms.0.filter.expr") set to ``value``
+    (a callable gets the old value)."""
+    def edit(spec: dict) -> dict:
+        import copy
+
+        spec = copy.deepcopy(spec)
+        keys = path.split(".")
+        node = spec
+        for k in keys[:-1]:
+            node = node[int(k)] if isinstance(node, list) else node.setdefault(k, {})
+        last = int(keys[-1]) if isinstance(node, list) else keys[-1]
+        node[last] = value(node[last]) if callable(value) else value
+        return spec
+    return edit
+
+
+def _all(*edits):
+    def edit(spec: dict) -> dict:
+        for e in edits:
+            spec = e(spec)
+        return spec
+    return edit
+
+
+_SAME = {
+    "source path with a trailing slash": _set("source.uri", lambda u: u + "/"),
+    "source path with ./ and a doubled slash": _set(
+        "source.uri", lambda u: u.replace("/raw", "/./raw").replace("/data set", "//data set")),
+    "sink path with a trailing slash": _set("sink.uri", lambda u: u + "/"),
+    "filter spaced": _set("transforms.0.filter.expr", "text != 'b'"),
+    "filter parenthesised, other quotes": _set("transforms.0.filter.expr", '( text!="b" )'),
+    "transform defaults written out": _set(
+        "transforms.1.hash_bucket", lambda a: {**a, "salt": "", "output": None}),
+    "source option default written out": _set("source.options", {"drop_empty_lines": False}),
+    "spec defaults written out": _all(_set("seed", 0), _set("on_error", "fail"),
+                                      _set("max_error_fraction", 0)),
+}
+_SAME["all of them"] = _all(*_SAME.values())
+
+_OTHER = {
+    "another filter constant": _set("transforms.0.filter.expr", "text != 'c'"),
+    "another filter operator": _set("transforms.0.filter.expr", "text == 'b'"),
+    "another transform option": _set("transforms.1.hash_bucket.num_buckets", 5),
+    "another transform option, not a default": _set("transforms.1.hash_bucket.salt", "x"),
+    "another source option": _set("source.options", {"drop_empty_lines": True}),
+    "another source folder": _set("source.uri", lambda u: u + "2"),
+    "another seed": _set("seed", 1),
+    "another policy": _set("on_error", "skip"),
+}
+
+
+@pytest.fixture(scope="module")
+def committed_text(ray_cluster, tmp_path_factory) -> dict:
+    """A committed run of a small text pipeline; returns its spec."""
+    import os
+
+    from slicefeed.pipelines import Pipeline
+
+    base = str(tmp_path_factory.mktemp("forms") / "data set")
+    raw = os.path.join(base, "raw")
+    os.makedirs(raw)
+    os.makedirs(raw + "2")
+    for folder in (raw, raw + "2"):
+        with open(os.path.join(folder, "a.txt"), "w") as f:
+            f.write("a\nb\n\nc\n")
+    spec = {"name": "forms", "source": {"format": "text", "uri": raw},
+            "transforms": [{"filter": {"expr": "text!='b'"}},
+                           {"hash_bucket": {"column": "text", "num_buckets": 4}}],
+            "sink": {"format": "parquet", "uri": os.path.join(base, "out")}}
+    report = Pipeline(spec).run()
+    assert report.status == "committed" and report.rows_written == 3
+    return spec
+
+
+@pytest.mark.parametrize("variant", list(_SAME), ids=list(_SAME))
+def test_spec_written_differently_is_the_same_pipeline(committed_text, variant):
+    """A spec that means what the committed one means (paths normalised,
+    expressions by their parsed form, defaults filled in): nothing to do."""
+    from slicefeed.pipelines import Pipeline
+
+    report = Pipeline(_SAME[variant](committed_text)).decide()
+    assert report is not None and report.status == "already_committed", variant
+    assert report.rows_written == 3
+
+
+@pytest.mark.parametrize("variant", list(_OTHER), ids=list(_OTHER))
+def test_spec_that_can_change_a_value_is_another_pipeline(committed_text, variant):
+    from slicefeed.pipelines import Pipeline
+
+    with pytest.raises(AlreadyCommittedError, match="written by another pipeline"):
+        Pipeline(_OTHER[variant](committed_text)).decide()
+
+
+def test_equivalent_spec_through_the_cli(committed_text, tmp_path):
+    """`slicefeed run` of the spec written differently: exit 0, nothing to do;
+    another sink is another dataset (nothing committed there: it would run)."""
+    import os
+
+    import yaml
+
+    from slicefeed.pipelines import Pipeline
+    from tests._harness import run_slicefeed
+
+    path = tmp_path / "same.yaml"
+    path.write_text(yaml.safe_dump(_SAME["all of them"](committed_text)))
+    r = run_slicefeed("run", str(path))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "already committed with this pipeline's fingerprint (3 rows)" in r.stdout, r.stdout
+    r = run_slicefeed("run", str(path), "--set", "transforms.0.filter.expr=text != 'c'")
+    assert r.returncode == 2 and "written by another pipeline" in r.stderr, r.stderr[-2000:]
+    other_sink = _set("sink.uri", lambda u: os.path.join(os.path.dirname(u), "out2"))
+    assert Pipeline(other_sink(committed_text)).decide() is None
+
+
+def _as_written_fingerprint(spec: dict) -> str:
+    """The spec fingerprint as slicefeed computed it before specs were normalised:
+    SHA-256 of the validated spec's sources, transforms, seed and policy as written."""
+    import hashlib
+    import json
+
+    from slicefeed.pipelines import validate_spec
+
+    spec = validate_spec(spec)
+    doc = {"sources": [{k: v for k, v in s.items() if k != "storage"}
+                       for s in ([spec["source"]] if "source" in spec else spec["sources"])],
+           "transforms": spec["transforms"], "seed": spec["seed"], "on_error": spec["on_error"],
+           "max_error_fraction": spec["max_error_fraction"]}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def test_dataset_committed_before_specs_were_normalised(local_dir):
+    """A sink committed by a slicefeed that fingerprinted the spec as written
+    (its parts have no ``spec_form``): the spec as written then is still "nothing
+    to do"; one written differently cannot be recognised from that fingerprint, and
+    the refusal says so instead of calling it another pipeline outright."""
+    import os
+
+    from slicefeed.connectors import read_manifest
+    from slicefeed.connectors._manifest import version_name
+    from slicefeed.pipelines import Pipeline
+    from slicefeed.pipelines._rerun import PARTS_KEY
+    from tests.pipelines._data import write_committed
+
+    raw, out = os.path.join(local_dir, "raw"), os.path.join(local_dir, "out")
+    os.makedirs(raw)
+    with open(os.path.join(raw, "a.txt"), "w") as f:
+        f.write("a\nb\n\nc\n")
+    spec = {"name": "old", "source": {"format": "text", "uri": raw},
+            "transforms": [{"filter": {"expr": "text!='b'"}}],
+            "sink": {"format": "parquet", "uri": out}}
+    write_committed(out, [3])  # the shards do not matter to decide()
+    parts, inputs = Pipeline(spec).fingerprint_parts()
+    old_parts = {"spec": _as_written_fingerprint(spec), "inputs": parts["inputs"],
+                 "files": parts["files"], "format_version": parts["format_version"]}
+    m = read_manifest(out)
+    legacy = dataclasses.replace(m, fingerprint=combine(old_parts), inputs=inputs,
+                                 metadata={"pipeline": "old", PARTS_KEY: old_parts})
+    with open(os.path.join(out, version_name(1)), "w") as f:
+        f.write(legacy.to_json())
+
+    report = Pipeline(spec).decide()
+    assert report is not None and report.status == "already_committed"
+    with pytest.raises(AlreadyCommittedError) as e:
+        Pipeline(_set("transforms.0.filter.expr", "text != 'b'")(spec)).decide()
+    msg = str(e.value)
+    assert "committed by an earlier slicefeed" in msg and "--overwrite" in msg, msg
+    # The input changed since: said so, as before.
+    with open(os.path.join(raw, "b.txt"), "w") as f:
+        f.write("d\n")
+    with pytest.raises(AlreadyCommittedError, match="1 input file added"):
+        Pipeline(spec).decide()
+    assert Pipeline(spec).decide(overwrite=True) is None
+
+
+def test_csv_delimiter_written_out_is_the_default_only_where_the_names_are_known(local_dir):
+    """CSV's delimiter is chosen by each file's name (tab for .tsv). Over one
+    file named .csv, ``delimiter: ","`` is the default written out; over a
+    folder (even one named ``x.csv``, whose .tsv files are read with tabs) it
+    is another pipeline: the spec part of the fingerprint says so."""
+    import os
+
+    from slicefeed.pipelines import Pipeline
+
+    one = os.path.join(local_dir, "one.csv")
+    folder = os.path.join(local_dir, "folder.csv")
+    os.makedirs(folder)
+    for path in (one, os.path.join(folder, "a.tsv")):
+        with open(path, "w") as f:
+            f.write("a,b\n1,2\n")
+
+    def spec_part(uri, **options):
+        spec = {"name": "csv", "source": {"format": "csv", "uri": uri, "options": options},
+                "sink": {"format": "parquet", "uri": os.path.join(local_dir, "out")}}
+        return Pipeline(spec).fingerprint_parts()[0]["spec"]
+
+    assert spec_part(one) == spec_part(one, delimiter=",") != spec_part(one, delimiter=";")
+    assert spec_part(folder) != spec_part(folder, delimiter=",")
+    assert spec_part(folder) == spec_part(folder + "/")

@@ -83,6 +83,89 @@ def test_fingerprint_ignores_sink_but_not_transforms():
     assert fingerprint(a) == fingerprint(b) != fingerprint(c)
 
 
+def _fp(**kw):
+    spec = _with(**kw)
+    if "sources" in kw:
+        del spec["source"]
+    return fingerprint(validate_spec(spec))
+
+
+@pytest.mark.parametrize("a, b", [
+    # Paths as the readers resolve them.
+    ({"source": {"format": "jsonl", "uri": "gs://b/raw/"}},
+     {"source": {"format": "jsonl", "uri": "gs://b/raw"}}),
+    ({"source": {"format": "jsonl", "uri": "gcs://b/raw//"}},
+     {"source": {"format": "jsonl", "uri": "gs://b/raw"}}),
+    ({"source": {"format": "jsonl", "uri": "file:///data/./raw/"}},
+     {"source": {"format": "jsonl", "uri": "/data/raw"}}),
+    # Expressions by their parsed form.
+    ({"transforms": [{"filter": {"expr": " a>1 and(b=='x')"}}]},
+     {"transforms": [{"filter": {"expr": "a > 1 and b == \"x\""}}]}),
+    # Defaults filled in, numbers in their declared type.
+    ({"transforms": [{"standardize": {"columns": ["a"]}}]},
+     {"transforms": [{"standardize": {"columns": ["a"], "dtype": "float32", "mean": None}}]}),
+    ({"transforms": [{"random_flip": {"p": 1}}]}, {"transforms": [{"random_flip": {"p": 1.0}}]}),
+    ({"transforms": [{"random_flip": {}}], "seed": 7},
+     {"transforms": [{"random_flip": {"seed": 7}}], "seed": 7}),
+    ({"source": {"format": "text", "uri": "/d"}},
+     {"source": {"format": "text", "uri": "/d", "options": {"drop_empty_lines": False}}}),
+    # CSV's delimiter is chosen by each file's name (tab for .tsv): writing the
+    # default out means the same only where the URI fixes the names.
+    ({"source": {"format": "csv", "uri": "/d/*.csv"}},
+     {"source": {"format": "csv", "uri": "/d/*.csv", "options": {"delimiter": ","}}}),
+    ({"source": {"format": "csv", "uri": "/d/a.tsv"}},
+     {"source": {"format": "csv", "uri": "/d/a.tsv", "options": {"delimiter": "\t"}}}),
+    # A mixture's unnamed source is named by its index; weights are numbers.
+    ({"sources": [{"format": "jsonl", "uri": "/a"}, {"format": "jsonl", "uri": "/b", "weight": 2}]},
+     {"sources": [{"format": "jsonl", "uri": "/a", "name": "0", "weight": 1},
+                  {"format": "jsonl", "uri": "/b", "name": "1", "weight": 2.0}]}),
+    # A lone source's mixture weight and name change nothing.
+    ({"source": {"format": "jsonl", "uri": "/a", "weight": 3, "name": "x"}},
+     {"source": {"format": "jsonl", "uri": "/a"}}),
+], ids=["gs-trailing-slash", "gcs-scheme", "file-uri", "expr-spacing", "transform-defaults",
+        "int-for-float", "random-seed-default", "text-option-default", "csv-glob-delimiter",
+        "tsv-file-delimiter", "mixture-defaults", "lone-source-weight"])
+def test_fingerprint_is_of_what_the_spec_means(a, b):
+    assert _fp(**a) == _fp(**b)
+
+
+@pytest.mark.parametrize("a, b", [
+    ({"source": {"format": "jsonl", "uri": "gs://b/raw"}},
+     {"source": {"format": "jsonl", "uri": "gs://b/raw2"}}),
+    # On GCS "raw//a" and "raw/a" are two object names.
+    ({"source": {"format": "jsonl", "uri": "gs://b/raw/*.jsonl"}},
+     {"source": {"format": "jsonl", "uri": "gs://b/raw//*.jsonl"}}),
+    ({"transforms": [{"filter": {"expr": "a > 1"}}]}, {"transforms": [{"filter": {"expr": "a > 2"}}]}),
+    ({"transforms": [{"filter": {"expr": "a > 1"}}]}, {"transforms": [{"filter": {"expr": "a > 1.0"}}]}),
+    ({"transforms": [{"filter": {"expr": "a > 1"}}]}, {"transforms": [{"filter": {"expr": "a >= 1"}}]}),
+    # Column names as written: Python would fold "\ufb01" (the fi ligature) to "fi".
+    ({"transforms": [{"filter": {"expr": "\ufb01 > 1"}}]},
+     {"transforms": [{"filter": {"expr": "fi > 1"}}]}),
+    ({"transforms": [{"filter": {"expr": "a == 'x'"}}]},
+     {"transforms": [{"filter": {"expr": "a == 'x '"}}]}),
+    ({"transforms": [{"random_flip": {}}], "seed": 7},
+     {"transforms": [{"random_flip": {"seed": 8}}], "seed": 7}),
+    ({"transforms": [{"pad_or_truncate": {"column": "t", "length": 4, "pad_value": 0}}]},
+     {"transforms": [{"pad_or_truncate": {"column": "t", "length": 4, "pad_value": 0.5}}]}),
+    ({"source": {"format": "text", "uri": "/d"}},
+     {"source": {"format": "text", "uri": "/d", "options": {"drop_empty_lines": True}}}),
+    # A folder's .tsv files are read with tabs unless a delimiter is given.
+    ({"source": {"format": "csv", "uri": "/d"}},
+     {"source": {"format": "csv", "uri": "/d", "options": {"delimiter": ","}}}),
+    ({"source": {"format": "csv", "uri": "/d/a.tsv"}},
+     {"source": {"format": "csv", "uri": "/d/a.tsv", "options": {"delimiter": ","}}}),
+    ({"sources": [{"format": "jsonl", "uri": "/a"}, {"format": "jsonl", "uri": "/b"}]},
+     {"sources": [{"format": "jsonl", "uri": "/a"}, {"format": "jsonl", "uri": "/b", "weight": 2}]}),
+    ({"sources": [{"format": "jsonl", "uri": "/a"}, {"format": "jsonl", "uri": "/b"}]},
+     {"sources": [{"format": "jsonl", "uri": "/a", "name": "x"}, {"format": "jsonl", "uri": "/b"}]}),
+    ({"max_error_fraction": 0}, {"max_error_fraction": 0.01}),
+], ids=["source-uri", "gcs-doubled-slash", "filter-constant", "filter-literal-type", "filter-operator", "nfkc-name",
+        "string-literal", "random-seed", "pad-value", "text-option", "csv-folder-delimiter",
+        "tsv-file-comma", "mixture-weight", "mixture-name", "error-fraction"])
+def test_fingerprint_tells_apart_what_can_change_a_value(a, b):
+    assert _fp(**a) != _fp(**b)
+
+
 def test_uri_templates_date_datetime_env():
     import datetime as dt
 
