@@ -99,23 +99,33 @@ class _Sizes:
 def _survey(dss: Sequence[ray.data.Dataset]
             ) -> tuple[list[dict[str, int]], list[dict[str, np.ndarray]], list[pa.Schema | None]]:
     """Records per file, the sorted rows of the bad ones per file, and the
-    schema of every source, in one Ray execution."""
+    schema of every source, in one Ray execution.
+
+    Blocks arrive in the order their tasks finish, which differs between runs,
+    so nothing taken from them may depend on it: a source's schema is that of
+    its first block in (file, row) order, not of the first block to arrive (its
+    files may differ in types, and the schema check would then pass on one run
+    and fail on another).
+    """
     parts = [ds.map_batches(_Sizes(i), batch_format="pyarrow", batch_size=None) for i, ds in enumerate(dss)]
     merged = parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
     sizes: list[dict[str, int]] = [{} for _ in dss]
     bad: list[dict[str, list[int]]] = [{} for _ in dss]
-    schemas: list[pa.Schema | None] = [None] * len(dss)
+    first: list[tuple[tuple[str, int], bytes] | None] = [None] * len(dss)
     for b in merged.iter_batches(batch_format="pyarrow", batch_size=None):
         cols = b.to_pydict()
         for i, f, m, rows, sch in zip(cols["src"], cols["f"], cols["m"], cols["bad"], cols["schema"]):
-            if schemas[i] is None and sch is not None:
-                schemas[i] = pa.ipc.read_schema(pa.py_buffer(sch))
+            # A block's last row of a file orders the blocks of that file.
+            at = (f or "", -1 if m is None else int(m))
+            if sch is not None and (first[i] is None or at < first[i][0]):
+                first[i] = (at, sch)
             if f is not None:
                 # A file the reader could not read at all has no rows (its one
                 # marker, a null row, fails the run with the file named).
                 sizes[i][f] = max(sizes[i].get(f, 0), 0 if m is None else int(m) + 1)
                 if rows:
                     bad[i].setdefault(f, []).extend(rows)
+    schemas = [None if x is None else pa.ipc.read_schema(pa.py_buffer(x[1])) for x in first]
     return sizes, [{f: np.unique(np.asarray(r, np.int64)) for f, r in b.items()} for b in bad], schemas
 
 

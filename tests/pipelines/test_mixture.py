@@ -265,16 +265,36 @@ def test_mixture_reports_bad_records_read_and_rows_not_taken(sources, ray_cluste
     assert report.rows_read == 81 and report.rows_quarantined == 1 and report.rows_written == 80
 
 
-@pytest.mark.slow
-def test_mixture_then_packing_commits_the_same_rows_every_run(ray_cluster, local_dir, monkeypatch):
-    """Packing depends on batch boundaries, and the blocks after the mixture's
-    Ray sort (whose range boundaries are sampled) differed from run to run:
-    the same spec, seed and input committed 354, 356 and 354 packed rows.
-    The mixed rows are split into a number of blocks fixed by the counts, so
-    every run packs the same rows."""
+def _committed_shards(uri: str) -> list[tuple[str, int, str, list[dict]]]:
+    """The committed shards in manifest (write task) order: name without the
+    writer id, rows, SHA-256 and the rows themselves, read in file order."""
+    import pyarrow.parquet as pq
+
+    from slicefeed.connectors import read_manifest, resolve_filesystem
+
+    m = read_manifest(resolve_filesystem(uri))
+    return [(f.path.replace(f.writer, "<writer>"), f.num_rows, f.sha256,
+             pq.read_table(os.path.join(uri, f.path)).to_pylist()) for f in m.files]
+
+
+@pytest.mark.slow  # two mixture runs, one with a 6 s stall: 36 s measured on 2 CPUs
+def test_mixture_then_packing_commits_the_same_shards_every_run(ray_cluster, local_dir, monkeypatch):
+    """The same spec, seed and input commit the same shards: the same rows in
+    the same order in each, byte for byte, however Ray's tasks finish.
+
+    Packing depends on batch boundaries, and the blocks after the mixture's Ray
+    sort (whose range boundaries are sampled) once differed from run to run (354,
+    356 and 354 packed rows); the mixed rows are now split into a number of blocks
+    fixed by the counts. Their order across shards was then suspected to follow
+    the order in which write tasks finish; it does not (the pipeline's dataset
+    keeps block order), and the order that did differ between two runs was that
+    of reading the datasets back (``read_dataset(...).to_arrow_refs()`` yields
+    shards as their read tasks finish). Here one of the first run's first
+    write tasks stalls, so that later shards finish first, and the shards are
+    compared through the manifest, in order."""
     import random
 
-    from slicefeed.connectors import read_dataset
+    import tests.pipelines._stall_transform  # noqa: F401 - registers test_stall
     from slicefeed.pipelines import Pipeline, _mixture
 
     monkeypatch.setattr(_mixture, "MIX_BLOCK_ROWS", 32, raising=False)  # several blocks
@@ -286,21 +306,47 @@ def test_mixture_then_packing_commits_the_same_rows_every_run(ray_cluster, local
                 for i in range(40):
                     text = " ".join(rnd.choice(["ab", "cd", "efg", "hijk"]) for _ in range(rnd.randint(1, 12)))
                     out.write(json.dumps({"id": f * 1000 + i, "text": text}) + "\n")
-    digests = []
+    # One marker for both runs (the same spec): the first batch of web's first
+    # file (the first blocks) stalls in the first run only.
+    marker = os.path.join(local_dir, "stalled")
+    runs = []
     for run in range(2):
         spec = {
             "name": "mix-pack", "seed": 3,
             "sources": [{"name": s, "format": "jsonl", "uri": os.path.join(local_dir, s),
                          "weight": w} for s, w in (("web", 2), ("code", 1))],
-            "transforms": [{"tokenize": {"column": "text", "tokenizer": "bytes", "add_eos": True}},
+            "transforms": [{"test_stall": {"marker": marker, "match": "web/f0", "seconds": 6}},
+                           {"tokenize": {"column": "text", "tokenizer": "bytes", "add_eos": True}},
                            {"pack_sequences": {"column": "tokens", "seq_len": 64}}],
             "sink": {"format": "parquet", "uri": os.path.join(local_dir, f"out{run}")},
         }
-        Pipeline(spec).run()
-        tables = read_dataset(os.path.join(local_dir, f"out{run}")).to_arrow_refs()
-        import ray
+        report = Pipeline(spec).run()
+        assert report.status == "committed"
+        assert os.path.exists(marker)  # the first run stalled
+        runs.append(_committed_shards(os.path.join(local_dir, f"out{run}")))
+    assert len(runs[0]) > 3  # several shards (one per block)
+    # The same rows in the same order in each shard, then the same bytes.
+    assert [rows for *_, rows in runs[0]] == [rows for *_, rows in runs[1]]
+    assert [meta for *meta, _ in runs[0]] == [meta for *meta, _ in runs[1]]
 
-        rows = pa.concat_tables(ray.get(tables)).to_pylist()
-        digests.append(rows)
-    # The same packed rows (their order across shards is not compared).
-    assert sorted(map(repr, digests[0])) == sorted(map(repr, digests[1]))
+
+@pytest.mark.slow
+def test_mixture_schema_check_takes_each_source_first_file(ray_cluster):
+    """The survey took a source's schema from whichever block arrived first, so
+    a source whose files differ in types passed the schema check on one run and
+    failed it on another; it is the schema of the source's first file."""
+    from slicefeed.connectors._compat import dataset_preserving_order
+    from slicefeed.pipelines._mixture import _survey
+
+    def block(f: str, v: pa.Array) -> pa.Table:
+        return pa.table({"v": v, PROVENANCE_FILE: [f] * len(v),
+                         PROVENANCE_ROW: pa.array(range(len(v)), pa.int64())})
+
+    import ray
+
+    # Blocks in this order: b.jsonl (strings) arrives before a.jsonl (integers).
+    ds = dataset_preserving_order(ray.data.from_arrow(
+        [block("b.jsonl", pa.array(["x", "y"])), block("a.jsonl", pa.array([1, 2, 3]))]))
+    sizes, bad, schemas = _survey([ds])
+    assert sizes == [{"a.jsonl": 3, "b.jsonl": 2}] and bad == [{}]
+    assert schemas[0].field("v").type == pa.int64()
