@@ -26,6 +26,7 @@ import io
 import os
 import posixpath
 import re
+import struct
 import sys
 import threading
 from collections.abc import Sequence
@@ -44,6 +45,9 @@ from slicefeed.transforms._hashing import row_keys, row_uniform, seeded_copy
 MODES = {"RGB": 3, "L": 1, "RGBA": 4}
 RESAMPLE = ("nearest", "bilinear", "bicubic", "lanczos", "box")
 IMAGE_DTYPES = ("uint8", "float32", "bfloat16")
+#: ``DecodeImage(exif_orientation=...)``: decode the stored pixel layout, or turn
+#: each image as it is displayed.
+EXIF_ORIENTATIONS = ("ignore", "apply")
 
 
 def variable_type(channels: int) -> pa.DataType:
@@ -229,6 +233,24 @@ class DecodeImage(_ImageTransform):
     clamped at 255; 32-bit integer (``I``), signed 16-bit and float (``F``)
     images have no standard range and are bad records naming the mode.
 
+    EXIF orientation (``exif_orientation``): cameras store the sensor's pixel
+    layout and an EXIF Orientation tag (1-8; 6: turn 90 degrees clockwise to
+    display). ``ignore`` (the default, and the decode before the option
+    existed; like ``tf.io.decode_jpeg``, Grain and torchvision's default)
+    decodes the stored layout and never reads the EXIF. ``apply`` turns each
+    image as it is displayed, the pixels Pillow's ``ImageOps.exif_transpose``
+    gives (the tag from the EXIF block of a JPEG, PNG or WebP; where that has
+    none, an XMP ``tiff:Orientation``, as Pillow reads it), before the resize:
+    ``height``/``width`` are the output's shape whatever the orientation (with
+    ``draft``, the stored JPEG is scaled toward the target turned back, never
+    below it). Under ``apply`` an Orientation that cannot be read is a bad
+    record naming the problem: an EXIF block that is not a TIFF structure or
+    whose first directory (IFD0) runs past its end, an Orientation entry that
+    is not one integer, or a value outside 1-8; 0, which some writers use for
+    "unknown", and no tag read as 1 (the stored layout). TIFFs: Pillow's TIFF
+    decoder applies a TIFF's own Orientation tag itself, so TIFFs are decoded
+    as displayed under both settings (as they were before the option).
+
     Args:
         column: Input column (binary, or string paths relative to ``root``).
         output: Output column (default: replace ``column``).
@@ -253,6 +275,9 @@ class DecodeImage(_ImageTransform):
         threads: Images decoded concurrently (Pillow releases the GIL while
             decoding and resampling); default: the CPUs this process may use,
             at most 8 (inside a Ray task: the CPUs Ray assigned to it).
+        exif_orientation: ``ignore`` (default): the stored pixel layout;
+            ``apply``: turned as displayed (see above). It changes pixel
+            values, so it is part of the pipeline fingerprint when set.
     """
 
     name: ClassVar[str] = "decode_image"
@@ -267,6 +292,7 @@ class DecodeImage(_ImageTransform):
     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
     draft: bool = True
     threads: int | None = None
+    exif_orientation: str = "ignore"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -281,6 +307,11 @@ class DecodeImage(_ImageTransform):
             )
         if not isinstance(self.draft, bool):
             raise self._spec_error(f"draft must be true or false; got {short_repr(self.draft)}")
+        if not isinstance(self.exif_orientation, str) or self.exif_orientation not in EXIF_ORIENTATIONS:
+            raise self._spec_error(
+                f"unknown exif_orientation {short_repr(self.exif_orientation)}; allowed: "
+                f"{', '.join(EXIF_ORIENTATIONS)}"
+            )
         if self.root is not None and (not isinstance(self.root, str) or not self.root):
             raise self._spec_error(f"root must be a directory path or URI; got {short_repr(self.root)}")
 
@@ -413,17 +444,30 @@ class DecodeImage(_ImageTransform):
         return img, None
 
     def _decode(self, img, out: np.ndarray | None, i: int) -> np.ndarray | None:
-        """Decodes ``img``; writes row ``i`` of ``out`` (fixed layout) or returns it."""
+        """Decodes ``img``; writes row ``i`` of ``out`` (fixed layout) or returns it.
+
+        With ``exif_orientation="apply"`` the decoded, converted image is turned
+        as displayed before any resize (raises :class:`_BadOrientation`)."""
+        src = img  # the opened file: its EXIF and XMP
+        unread = self.exif_orientation == "apply"  # the orientation is still to be read
+        turn: int | None = None
         if self._fixed:
             size = (self.width, self.height)
-            if (
-                self.draft
-                and img.format == "JPEG"
-                and min(img.size[0] // size[0], img.size[1] // size[1]) >= 2
-            ):
-                img.draft(None, size)  # scale only: libjpeg's 1/2, 1/4, 1/8, >= size
+            if self.draft and img.format == "JPEG":
+                stored = size  # the target in the stored layout
+                if unread:  # a JPEG's EXIF is in its header: read before decoding
+                    turn, unread = _exif_turn(src), False
+                    if turn in _SWAPS_AXES:
+                        stored = (self.height, self.width)
+                if min(img.size[0] // stored[0], img.size[1] // stored[1]) >= 2:
+                    img.draft(None, stored)  # scale only: libjpeg's 1/2, 1/4, 1/8, >= stored
             if img.mode != self.mode:
                 img = _convert(img, self.mode)
+            if unread:
+                src.load()  # as exif_transpose: a PNG's eXIf may follow the pixels
+                turn = _exif_turn(src)
+            if turn is not None:
+                img = img.transpose(turn)
             if img.size != size:
                 img = img.resize(size, _PIL_RESAMPLE[self.resample])
             arr = np.asarray(img)
@@ -433,6 +477,11 @@ class DecodeImage(_ImageTransform):
             img = _convert(img, self.mode)
         else:
             img.load()
+        if unread:
+            src.load()
+            turn = _exif_turn(src)
+            if turn is not None:
+                img = img.transpose(turn)
         arr = np.asarray(img)
         return arr if arr.ndim == 3 else arr[:, :, None]
 
@@ -477,6 +526,13 @@ class DecodeImage(_ImageTransform):
             try:
                 with img:
                     return self._decode(img, out, i), None
+            except _BadOrientation as e:
+                return None, (
+                    f"DecodeImage: image in column {short_repr(self.column)} ({what(i)}) has an "
+                    f"unreadable EXIF orientation ({e}); exif_orientation='apply' needs it to turn "
+                    "the image as displayed: fix or strip the image's EXIF, or decode the stored "
+                    "layout with exif_orientation: ignore"
+                )
             except Exception as e:  # noqa: BLE001 - any codec failure is a bad record
                 return None, _decode_reason(self.column, what(i), e)
             finally:
@@ -632,6 +688,90 @@ def _convert(img, mode: str):
 
 class _Refused(Exception):
     """A path that must not be read (outside the root, a URI, ...)."""
+
+
+class _BadOrientation(Exception):
+    """An image whose EXIF orientation cannot be read (``exif_orientation="apply"``)."""
+
+
+_ORIENTATION = 0x0112  # the EXIF (and TIFF) Orientation tag
+# The transposition that displays each orientation: ImageOps.exif_transpose's table
+# (Image.Transpose values: FLIP_LEFT_RIGHT, ROTATE_180, FLIP_TOP_BOTTOM, TRANSPOSE,
+# ROTATE_270, TRANSVERSE, ROTATE_90).
+_TRANSPOSE = {2: 0, 3: 3, 4: 1, 5: 5, 6: 4, 7: 6, 8: 2}
+# Transpositions that swap width and height (orientations 5-8).
+_SWAPS_AXES = frozenset({_TRANSPOSE[o] for o in (5, 6, 7, 8)})
+# TIFF field types an Orientation may be written in (one integer), and their layout.
+_INT_FIELDS = {1: "B", 3: "H", 4: "L", 6: "b", 8: "h", 9: "l"}
+_FIELD_NAMES = {1: "BYTE", 2: "ASCII", 3: "SHORT", 4: "LONG", 5: "RATIONAL", 6: "SBYTE",
+                7: "UNDEFINED", 8: "SSHORT", 9: "SLONG", 10: "SRATIONAL", 11: "FLOAT",
+                12: "DOUBLE"}
+_EXIF_PREFIX = re.compile(rb"^(Exif\x00\x00){1,2}")  # stripped as Pillow strips it
+
+
+def _exif_turn(img) -> int | None:
+    """The ``Image.Transpose`` that displays ``img``, or None (orientation 1).
+
+    Reads what :func:`PIL.ImageOps.exif_transpose` reads (call it on a loaded
+    image, except a JPEG, whose EXIF is in its header), strictly: Pillow reads
+    an unreadable EXIF block as no tags at all, silently, so the block's first
+    directory is read here (:func:`_exif_block_orientation`), and Pillow's
+    reading is used only where that block has no Orientation (a TIFF's own
+    tag, an XMP ``tiff:Orientation``). 0 ("unknown" to some writers) and no
+    tag are 1; anything else outside 1-8 raises :class:`_BadOrientation`.
+    """
+    raw = img.info.get("exif")
+    value = _exif_block_orientation(raw) if isinstance(raw, (bytes, bytearray)) and raw else None
+    if value is None:
+        try:
+            value = img.getexif().get(_ORIENTATION)
+        except Exception as e:  # noqa: BLE001 - Pillow's parse of a broken block
+            raise _BadOrientation(f"Pillow cannot read its EXIF ({type(e).__name__}: "
+                                  f"{_CONTROL.sub('?', str(e))[:200]})") from None
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value == 0):
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 8:
+        raise _BadOrientation(f"its Orientation is {short_repr(value)}; valid: 1-8")
+    return _TRANSPOSE.get(value)
+
+
+def _exif_block_orientation(raw: bytes) -> int | None:
+    """The Orientation entry of an EXIF block's first directory (IFD0), or None.
+
+    The block is a TIFF structure (optionally after ``Exif\\0\\0``): byte order
+    (``II``/``MM``), 42, the offset of IFD0, then 12-byte entries (tag, field
+    type, count, value). Raises :class:`_BadOrientation` where Pillow would
+    silently read no tags: not a TIFF header, IFD0 outside the block or cut
+    short, or an Orientation entry that is not one integer.
+    """
+    data = _EXIF_PREFIX.sub(b"", bytes(raw))
+    if not data:
+        return None
+    order = {b"II*\x00": "<", b"MM\x00*": ">"}.get(data[:4])
+    if order is None or len(data) < 8:
+        raise _BadOrientation(f"the EXIF block does not start with a TIFF header "
+                              f"(it starts {data[:8]!r})")
+    (ifd,) = struct.unpack_from(order + "L", data, 4)
+    if ifd + 2 > len(data):
+        raise _BadOrientation(f"the EXIF block's first directory (at byte {ifd}) lies past the "
+                              f"end of the block ({len(data)} bytes)")
+    (n,) = struct.unpack_from(order + "H", data, ifd)
+    if ifd + 2 + 12 * n > len(data):
+        raise _BadOrientation(f"the EXIF block's first directory ({n} entries at byte {ifd}) "
+                              f"runs past the end of the block ({len(data)} bytes)")
+    for k in range(n):
+        at = ifd + 2 + 12 * k
+        tag, typ, count = struct.unpack_from(order + "HHL", data, at)
+        if tag != _ORIENTATION:
+            continue
+        fmt = _INT_FIELDS.get(typ)
+        if fmt is None or count != 1:
+            raise _BadOrientation(
+                f"its Orientation entry has type {typ} ({_FIELD_NAMES.get(typ, 'unknown')}), "
+                f"count {count}; expected one integer"
+            )
+        return struct.unpack_from(order + fmt, data, at + 8)[0]
+    return None
 
 
 class _Budget:

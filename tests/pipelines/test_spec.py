@@ -166,6 +166,24 @@ def test_fingerprint_tells_apart_what_can_change_a_value(a, b):
     assert _fp(**a) != _fp(**b)
 
 
+def test_decode_image_exif_orientation_is_checked_and_in_the_fingerprint():
+    """exif_orientation changes pixel values, so it is part of the fingerprint; a spec
+    that does not name it keeps its fingerprint (and its output: the default is
+    "ignore", the decode before the option existed)."""
+    images = {"format": "parquet", "uri": "/data/images"}
+
+    def spec(**args):
+        return validate_spec(_with(source=images, transforms=[{"decode_image": args}]))
+
+    plain, applied = spec(), spec(exif_orientation="apply")
+    assert fingerprint(plain) != fingerprint(applied)
+    assert fingerprint(plain) == fingerprint(spec())
+    assert fingerprint(applied) != fingerprint(spec(exif_orientation="ignore"))
+    with pytest.raises(SpecError, match=r"transforms.0: DecodeImage: unknown exif_orientation 'rotate'; "
+                                        r"allowed: ignore, apply"):
+        spec(exif_orientation="rotate")
+
+
 def test_uri_templates_date_datetime_env():
     import datetime as dt
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import itertools
+import struct
 
 import numpy as np
 import pyarrow as pa
@@ -413,3 +415,283 @@ def test_32_bit_integer_and_float_images_are_bad_records_naming_the_mode():
         assert "8- or 16-bit" in r_int
     with pytest.raises(Exception, match=r"row 0: DecodeImage: .*mode 'I'"):
         apply_transforms(tbl, [DecodeImage(mode="L")])
+
+
+# -- EXIF orientation ---------------------------------------------------------------
+#
+# exif_orientation="ignore" (the default) decodes the stored pixel layout, as before the
+# option existed; "apply" turns each image as it is displayed, exactly as Pillow's
+# ImageOps.exif_transpose does, in every decode path, before any resize.
+
+ORIENTATION = 0x0112  # the EXIF Orientation tag
+# What each orientation does to the stored pixels to display them (the EXIF spec's
+# meaning, stated independently of Pillow: 6 = rotate 90 degrees clockwise).
+_DISPLAYED = {
+    1: lambda x: x,
+    2: lambda x: x[:, ::-1],
+    3: lambda x: x[::-1, ::-1],
+    4: lambda x: x[::-1],
+    5: lambda x: x.transpose(1, 0, 2),
+    6: lambda x: np.rot90(x, -1),
+    7: lambda x: np.rot90(x, 2).transpose(1, 0, 2),
+    8: lambda x: np.rot90(x, 1),
+}
+
+
+def _oriented(a: np.ndarray, orientation: int | None, fmt: str, exif: bytes | None = None) -> bytes:
+    """``a`` encoded as ``fmt`` carrying EXIF Orientation ``orientation`` (or the raw
+    EXIF block ``exif``; neither: no EXIF). PNG_LATE puts the eXIf chunk after the
+    pixel data, where Pillow finds it only when it decodes."""
+    kw: dict = {"lossless": True} if fmt == "WEBP" else {}
+    if orientation is not None:
+        e = Image.Exif()
+        e[ORIENTATION] = orientation
+        kw["exif"] = e
+    elif exif is not None:
+        kw["exif"] = exif
+    buf = io.BytesIO()
+    Image.fromarray(a).save(buf, format="PNG" if fmt == "PNG_LATE" else fmt, **kw)
+    data = buf.getvalue()
+    if fmt == "PNG_LATE":
+        chunks, i = [], 8
+        while i < len(data):
+            n = int.from_bytes(data[i : i + 4], "big")
+            chunks.append(data[i : i + 12 + n])
+            i += 12 + n
+        exif_chunk = [c for c in chunks if c[4:8] == b"eXIf"]
+        rest = [c for c in chunks if c[4:8] != b"eXIf"]
+        data = data[:8] + b"".join(rest[:-1] + exif_chunk + rest[-1:])  # before IEND
+    return data
+
+
+def _pillow(data: bytes, mode: str = "RGB", *, transpose: bool = False,
+            size: tuple[int, int] | None = None, draft: tuple[int, int] | None = None) -> np.ndarray:
+    """What Pillow itself gives: open, [draft], [exif_transpose], convert, [resize]."""
+    from PIL import ImageOps
+
+    img = Image.open(io.BytesIO(data))
+    if draft is not None:
+        img.draft(None, draft)
+    if transpose:
+        img = ImageOps.exif_transpose(img)
+    img = img.convert(mode)
+    if size is not None:
+        img = img.resize(size, Image.Resampling.BILINEAR)
+    arr = np.asarray(img)
+    return arr if arr.ndim == 3 else arr[:, :, None]
+
+
+def _orientation_table(fmt: str, h: int = 6, w: int = 9) -> tuple[pa.Table, np.ndarray]:
+    """One row per orientation 1-8 of the same non-square image."""
+    a = _pixels(h, w, 7)
+    data = [_oriented(a, o, fmt) for o in range(1, 9)]
+    return pa.table({
+        "image": pa.array(data, pa.binary()),
+        PROVENANCE_FILE: ["imgs/part-0.parquet"] * 8,
+        PROVENANCE_ROW: pa.array(range(8), pa.int64()),
+    }), a
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "PNG_LATE", "WEBP"])
+def test_exif_orientation_ignore_keeps_stored_layout_and_apply_equals_exif_transpose(fmt):
+    """Without a size (the variable layout): "ignore" gives the stored layout (as
+    before the option), "apply" exactly ImageOps.exif_transpose's pixels, for all 8
+    orientations; for lossless formats that is the EXIF meaning of each tag."""
+    tbl, a = _orientation_table(fmt)
+    data = tbl.column("image").to_pylist()
+    modes = ("RGB", "L") if fmt == "PNG" else ("RGB",)
+    for mode in modes:
+        default = read_images(DecodeImage(mode=mode)(tbl).column("image"))[0]
+        ignored = read_images(DecodeImage(mode=mode, exif_orientation="ignore")(tbl).column("image"))[0]
+        applied, valid = read_images(DecodeImage(mode=mode, exif_orientation="apply")(tbl).column("image"))
+        assert valid.all()
+        for o, d, dflt, ign, app in zip(range(1, 9), data, default, ignored, applied):
+            np.testing.assert_array_equal(dflt, ign)
+            np.testing.assert_array_equal(ign, _pillow(d, mode), err_msg=f"ignore {fmt} {o}")
+            assert ign.shape[:2] == a.shape[:2]
+            np.testing.assert_array_equal(app, _pillow(d, mode, transpose=True), err_msg=f"apply {fmt} {o}")
+            assert app.shape[:2] == (a.shape[:2] if o <= 4 else a.shape[1::-1])
+            if fmt != "JPEG" and mode == "RGB":
+                np.testing.assert_array_equal(app, _DISPLAYED[o](a), err_msg=f"{fmt} {o}")
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "PNG_LATE", "WEBP"])
+def test_exif_orientation_apply_turns_before_the_resize_of_a_sized_decode(fmt):
+    """With height/width (draft off: a full-size decode): the image is turned, then
+    resized, so (height, width) is the output's shape for every orientation; "apply"
+    equals exif_transpose + resize exactly and equals DecodeImage(apply) then Resize."""
+    tbl, _ = _orientation_table(fmt)
+    data = tbl.column("image").to_pylist()
+    for (h, w), (setting, transpose) in itertools.product(
+        ((4, 7), (5, 3)), (("ignore", False), ("apply", True))
+    ):
+        dec = DecodeImage(height=h, width=w, draft=False, exif_orientation=setting)
+        out = dec(tbl)
+        assert out.schema == dec.output_schema(tbl.schema)
+        images, valid = read_images(out.column("image"))
+        assert valid.all() and images.shape == (8, h, w, 3)
+        for o, d, im in zip(range(1, 9), data, images):
+            np.testing.assert_array_equal(im, _pillow(d, transpose=transpose, size=(w, h)),
+                                          err_msg=f"{setting} {fmt} {o}")
+        two = Resize(height=h, width=w)(DecodeImage(exif_orientation=setting)(tbl))
+        assert out.column("image").equals(two.column("image"))
+
+
+def test_exif_orientation_apply_with_draft_scales_the_stored_layout_to_the_turned_target():
+    """A JPEG at least twice the target is decoded at reduced scale (draft). Its
+    stored layout is scaled toward the target turned back (a 90-degree orientation
+    swaps height and width), never below it; then turned, then resized: the output is
+    (height, width) and within the draft tolerance of a full-size decode."""
+    h, w = 96, 160  # stored; orientations 5-8 display it 160 high, 96 wide
+    y, x = np.mgrid[0:h, 0:w]
+    a = np.stack([x * 255 // w, y * 255 // h, (x + y) * 255 // (h + w)], -1).astype(np.uint8)
+    data = [_oriented(a, o, "JPEG") for o in range(1, 9)]
+    tbl = pa.table({"image": pa.array(data, pa.binary())})
+    for oh, ow in ((40, 24), (24, 40)):  # a portrait and a landscape target
+        fast = read_images(DecodeImage(height=oh, width=ow, exif_orientation="apply")(tbl).column("image"))[0]
+        full = read_images(DecodeImage(height=oh, width=ow, draft=False,
+                                       exif_orientation="apply")(tbl).column("image"))[0]
+        assert fast.shape == full.shape == (8, oh, ow, 3)
+        for o, d, f, g in zip(range(1, 9), data, fast, full):
+            stored = (ow, oh) if o <= 4 else (oh, ow)  # the target in the stored layout (w, h)
+            np.testing.assert_array_equal(
+                f, _pillow(d, transpose=True, size=(ow, oh), draft=stored), err_msg=f"{oh}x{ow} {o}")
+            diff = np.abs(f.astype(int) - g.astype(int))
+            assert diff.mean() <= 2.0 and diff.max() <= 16, (o, diff.mean(), diff.max())
+    # "ignore" keeps today's draft decode of the stored layout.
+    ign = read_images(DecodeImage(height=24, width=40)(tbl).column("image"))[0]
+    for d, im in zip(data, ign):
+        np.testing.assert_array_equal(im, _pillow(d, size=(40, 24), draft=(40, 24)))
+
+
+def test_exif_orientation_tiff_is_displayed_by_pillow_in_both_settings():
+    """Pillow's TIFF decoder applies a TIFF's own Orientation tag itself: TIFFs came
+    out as displayed before the option and still do under both settings (never
+    turned twice), equal to exif_transpose."""
+    a = _pixels(5, 8, 3)
+    data = [_oriented(a, o, "TIFF") for o in range(1, 9)]
+    tbl = pa.table({"image": pa.array(data, pa.binary())})
+    for setting in ("ignore", "apply"):
+        images = read_images(DecodeImage(exif_orientation=setting)(tbl).column("image"))[0]
+        sized = read_images(DecodeImage(height=3, width=4, exif_orientation=setting)(tbl).column("image"))[0]
+        for o, d, im, s in zip(range(1, 9), data, images, sized):
+            np.testing.assert_array_equal(im, _DISPLAYED[o](a), err_msg=f"{setting} {o}")
+            np.testing.assert_array_equal(im, _pillow(d, transpose=True))
+            np.testing.assert_array_equal(s, _pillow(d, transpose=True, size=(4, 3)))
+
+
+def test_exif_orientation_from_xmp_follows_pillow():
+    """Where the EXIF has no Orientation, Pillow (exif_transpose) reads an XMP
+    tiff:Orientation; "apply" does the same."""
+    a = _pixels(5, 8, 4)
+    xmp = (b'<x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:RDF xmlns:rdf="http://www.w3.org/1999/'
+           b'02/22-rdf-syntax-ns#"><rdf:Description xmlns:tiff="http://ns.adobe.com/tiff/1.0/" '
+           b'tiff:Orientation="6"/></rdf:RDF></x:xmpmeta>')
+    buf = io.BytesIO()
+    Image.fromarray(a).save(buf, format="JPEG", xmp=xmp)
+    tbl = pa.table({"image": [buf.getvalue()]})
+    im = read_images(DecodeImage(exif_orientation="apply")(tbl).column("image"))[0][0]
+    assert im.shape == (8, 5, 3)
+    np.testing.assert_array_equal(im, _pillow(buf.getvalue(), transpose=True))
+
+
+def _exif_block(orientation_entry: bytes | None = None, *, cut: int | None = None) -> bytes:
+    """A big-endian EXIF block (``Exif\\0\\0`` + TIFF header + IFD0 with one entry)."""
+    entry = orientation_entry or struct.pack(">HHLHH", ORIENTATION, 3, 1, 6, 0)
+    block = b"Exif\x00\x00" + b"MM\x00*" + struct.pack(">L", 8) + struct.pack(">H", 1) + entry + b"\0" * 4
+    return block if cut is None else block[:cut]
+
+
+def _malformed_exif_table() -> pa.Table:
+    """JPEG rows: unreadable EXIF (not TIFF; IFD0 cut short; IFD0 past the end; an
+    Orientation of 9; an Orientation entry of text), then orientation 0, 6 and no EXIF."""
+    a = _pixels(6, 9, 5)
+    exifs = [
+        b"Exif\x00\x00garbage, not a TIFF header",
+        _exif_block(cut=6 + 8 + 2 + 6),  # the orientation entry is cut in half
+        b"Exif\x00\x00MM\x00*" + struct.pack(">L", 4000) + b"\0" * 8,
+        _exif_block(struct.pack(">HHLHH", ORIENTATION, 3, 1, 9, 0)),
+        _exif_block(struct.pack(">HHL4s", ORIENTATION, 2, 2, b"6\0\0\0")),
+        _exif_block(struct.pack(">HHLHH", ORIENTATION, 3, 1, 0, 0)),  # 0: "unknown" -> as 1
+        _exif_block(),  # 6, well-formed
+        None,
+    ]
+    data = [_oriented(a, None, "JPEG", exif=e) for e in exifs]
+    n = len(data)
+    return pa.table({
+        "image": pa.array(data, pa.binary()),
+        "label": list(range(n)),
+        PROVENANCE_FILE: ["imgs/part-0.parquet"] * n,
+        PROVENANCE_ROW: pa.array(range(n), pa.int64()),
+    })
+
+
+@pytest.mark.filterwarnings("ignore:Corrupt EXIF data")  # Pillow, opening them
+def test_malformed_exif_is_a_bad_record_with_apply_and_unread_with_ignore():
+    """With "apply", an EXIF block whose Orientation cannot be read (Pillow would
+    silently read none) or an Orientation outside 1-8 is a bad record naming the
+    column and the problem (the file and row through the bad-record mechanism).
+    0, which some writers use for "unknown", reads as 1. With "ignore" the EXIF is
+    never read: every row decodes, as before the option."""
+    tbl = _malformed_exif_table()
+    data = tbl.column("image").to_pylist()
+    assert all(Image.open(io.BytesIO(d)).size == (9, 6) for d in data)  # Pillow opens all
+    ok, bad = split_errors(DecodeImage()(tbl))
+    assert len(bad) == 0 and len(ok) == 8
+    for dec in (DecodeImage(exif_orientation="apply"),
+                DecodeImage(height=4, width=7, exif_orientation="apply"),
+                DecodeImage(height=3, width=4, exif_orientation="apply", draft=True)):
+        ok, bad = split_errors(dec(tbl))
+        assert ok.column("label").to_pylist() == [5, 6, 7], dec
+        assert bad.column(PROVENANCE_ROW).to_pylist() == [0, 1, 2, 3, 4]
+        reasons = bad.column(ERROR_COLUMN).to_pylist()
+        for r in reasons:
+            assert r.startswith("DecodeImage: image in column 'image' (") and "bytes) has an unreadable EXIF orientation" in r, r
+            assert "exif_orientation: ignore" in r, r
+        assert "does not start with a TIFF header" in reasons[0]
+        assert "runs past the end" in reasons[1]
+        assert "lies past the end" in reasons[2]
+        assert "Orientation is 9; valid: 1-8" in reasons[3]
+        assert "type 2 (ASCII), count 2" in reasons[4]
+        images = read_images(ok.column("image"))[0]
+        if dec.height is None:
+            np.testing.assert_array_equal(images[0], _pillow(data[5]))  # 0: as stored
+            np.testing.assert_array_equal(images[1], _pillow(data[6], transpose=True))
+            np.testing.assert_array_equal(images[2], _pillow(data[7]))
+    with pytest.raises(Exception, match=r"bad record at file 'imgs/part-0.parquet' row 0: "
+                                        r"DecodeImage: .*unreadable EXIF orientation"):
+        apply_transforms(tbl, [DecodeImage(exif_orientation="apply")])
+
+
+@pytest.mark.filterwarnings("ignore:Corrupt EXIF data")  # Pillow, opening them
+def test_exif_orientation_decode_then_resize_fuses_bit_identically():
+    """DecodeImage(exif_orientation=...) then Resize(h, w) runs as one pass
+    (DecodeResize) with the two transforms' values, bad rows and reasons."""
+    from slicefeed.transforms import DecodeResize, chain_steps
+
+    tbl = pa.concat_tables([
+        _orientation_table("JPEG")[0].append_column("label", pa.array(range(8))),
+        _malformed_exif_table().select(["image", PROVENANCE_FILE, PROVENANCE_ROW, "label"]),
+    ])
+    for setting in ("ignore", "apply"):
+        decode, resize = DecodeImage(exif_orientation=setting), Resize(height=5, width=3)
+        steps = chain_steps([decode, resize])
+        assert isinstance(steps[0].fn, DecodeResize) and steps[0].count == 2
+        assert steps[0].fn._fused.exif_orientation == setting
+        want, want_bad = _unfused(tbl, decode, resize)
+        got, got_bad = split_errors(steps[0].fn(tbl))
+        assert got.schema == want.schema
+        assert got.column("image").equals(want.column("image")), setting
+        assert len(got_bad) == len(want_bad) == (0 if setting == "ignore" else 5)
+        if len(got_bad):
+            assert got_bad.column(ERROR_COLUMN).to_pylist() == want_bad.column(ERROR_COLUMN).to_pylist()
+
+
+def test_exif_orientation_option_is_checked_and_written_only_when_set():
+    with pytest.raises(SpecError, match=r"DecodeImage: unknown exif_orientation 'auto'; allowed: ignore, apply"):
+        DecodeImage(exif_orientation="auto")
+    with pytest.raises(SpecError, match=r"DecodeImage: unknown exif_orientation True; allowed"):
+        DecodeImage(exif_orientation=True)
+    # The default is not written: existing specs, their fingerprints and outputs stay.
+    assert DecodeImage().to_spec() == {"decode_image": {}}
+    assert DecodeImage(exif_orientation="apply").to_spec() == {"decode_image": {"exif_orientation": "apply"}}

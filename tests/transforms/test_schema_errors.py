@@ -109,6 +109,8 @@ HOSTILE_CASES = {
     "decode_image resample": ({"decode_image": {"resample": _HUGE}}, ["DecodeImage", "resample"]),
     "decode_image root": ({"decode_image": {"root": [_HUGE]}}, ["DecodeImage", "root"]),
     "decode_image draft": ({"decode_image": {"draft": _HUGE}}, ["DecodeImage", "draft"]),
+    "decode_image exif_orientation": ({"decode_image": {"exif_orientation": _HUGE}},
+                                      ["DecodeImage", "exif_orientation"]),
     "decode_image max_pixels": ({"decode_image": {"max_pixels": _HUGE}}, ["DecodeImage", "max_pixels"]),
     "decode_image huge column": ({"decode_image": {"column": _NAME + "_int"}}, ["DecodeImage", "column 'nnn"]),
     "resize resample": ({"resize": {"height": 2, "width": 2, "resample": _HUGE}}, ["Resize", "resample"]),
