@@ -693,7 +693,7 @@ def canonical_spec(spec: Mapping[str, Any], *, folders: Container[str] = ()) -> 
     (a number), which decide its rows; a lone source's name and weight decide
     nothing and are left out. Each transform as it runs
     (:meth:`~slicefeed.transforms.Transform.fingerprint_spec` of the transform
-    seeded with the pipeline seed: every argument, defaults filled in, typed;
+    seeded with the pipeline seed: the arguments that differ from their defaults, typed;
     ``filter`` by its parsed expression). Then the seed and the bad-record
     policy. Left out, as they decide no value: the sink, storage options,
     name, description, placement and task retries.

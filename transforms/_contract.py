@@ -26,6 +26,7 @@ another (Ray Data's ``map_batches(..., batch_format="pyarrow")``). Its contract:
 from __future__ import annotations
 
 import dataclasses
+import json
 import typing
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
@@ -185,21 +186,33 @@ class Transform:
 
     def fingerprint_spec(self) -> dict[str, dict[str, Any]]:
         """What the rows this transform computes depend on, for a pipeline's rerun
-        fingerprint: ``{name: {arg: value}}`` with every argument, defaults filled
-        in, each in the type its field declares (an integer given for a float
+        fingerprint: ``{name: {arg: value}}`` with each argument that differs from
+        its default, in the type its field declares (an integer given for a float
         argument is that float).
 
         Two transforms with equal ``fingerprint_spec()`` compute the same rows,
         so a spec that writes a default out, or writes a number as ``1`` instead
-        of ``1.0``, is the same pipeline. A transform whose argument can be
-        written several ways that mean the same (``filter``'s expression)
-        returns its one form. Call it on the transform a pipeline runs (after
-        :meth:`with_seed`), so that a seed left to the pipeline and the same
-        seed written out are one value.
+        of ``1.0``, is the same pipeline. Arguments at their defaults are left
+        out, so an option added later whose default keeps the earlier output
+        leaves the fingerprints of existing pipelines as they were. A transform
+        whose argument can be written several ways that mean the same
+        (``filter``'s expression) returns its one form. Call it on the
+        transform a pipeline runs (after :meth:`with_seed`), so that a seed
+        left to the pipeline and the same seed written out are one value.
         """
         hints = field_types(type(self))
-        return {self.name: {f.name: typed(getattr(self, f.name), hints.get(f.name))
-                            for f in dataclasses.fields(self) if f.init}}
+
+        def form(v: Any, name: str) -> str:
+            return json.dumps(typed(v, hints.get(name)), sort_keys=True, default=repr)
+
+        args = {}
+        for f in dataclasses.fields(self):
+            if not f.init:
+                continue
+            v, default = getattr(self, f.name), default_of(f)
+            if default is dataclasses.MISSING or form(v, f.name) != form(default, f.name):
+                args[f.name] = typed(v, hints.get(f.name))
+        return {self.name: args}
 
     # -- helpers for subclasses ---------------------------------------------
 

@@ -179,6 +179,12 @@ def test_decode_image_exif_orientation_is_checked_and_in_the_fingerprint():
     assert fingerprint(plain) != fingerprint(applied)
     assert fingerprint(plain) == fingerprint(spec())
     assert fingerprint(applied) != fingerprint(spec(exif_orientation="ignore"))
+    # An option whose default keeps the earlier output is left out of the
+    # fingerprint at its default, so adding it changed no existing pipeline's.
+    from slicefeed.transforms import transform_from_spec
+
+    assert "exif_orientation" not in transform_from_spec(
+        {"decode_image": {"column": "img", "exif_orientation": "ignore"}}).fingerprint_spec()["decode_image"]
     with pytest.raises(SpecError, match=r"transforms.0: DecodeImage: unknown exif_orientation 'rotate'; "
                                         r"allowed: ignore, apply"):
         spec(exif_orientation="rotate")
