@@ -101,7 +101,7 @@ class TransformCounts:
     time_s: float = 0.0
     slots: int = 0
     tokens: int = 0
-    #: A dataset-level op (``deduplicate``): counted around it, not in a stage.
+    #: A dataset-level op (``deduplicate``): counted by the batch stages next to it.
     dataset_op: bool = False
 
     @property
@@ -470,6 +470,8 @@ class _Stage:
         count_input: bool = False,
         stage_id: str = "",
         first_index: int = 0,
+        op_before: tuple[int, Any] | None = None,
+        op_after: tuple[int, Any] | None = None,
     ):
         from slicefeed.transforms import chain_steps
 
@@ -483,6 +485,13 @@ class _Stage:
         self.quarantine = quarantine  # ResolvedPath of <sink>/_quarantine or None
         self.count_input = count_input
         self.stage_id = stage_id or ("read" if count_input else "+".join(t.name for t in self.transforms))
+        #: ``(index, transform)`` of the dataset-level op (``deduplicate``) right
+        #: before this stage, whose output rows are this stage's input, and of the
+        #: one right after it, whose input rows are this stage's output: counted
+        #: here as that op's ``rows_out`` / ``rows_in``, in the report this stage
+        #: sends anyway, so an op needs no counting stage (and no actor call per
+        #: batch) of its own.
+        self.op_before, self.op_after = op_before, op_after
         #: A unit task's own tally of the counters (kept in its side record).
         self.local: StageCounts | None = None
 
@@ -509,6 +518,7 @@ class _Stage:
             # worker is known to the driver by its files and transforms.
             ray.get(self.counters.begin.remote(key, _describe_batch(table, self.transforms)))
         delta = StageCounts()
+        _count_op(delta, self.op_before, rows_out=table.num_rows)
         if self.count_input:
             # Records the reader could not decode (mark_errors=True).
             table, bad = split_errors(table)
@@ -556,6 +566,7 @@ class _Stage:
                     tc.slots, tc.tokens = _padding_counts(table)
             if bad.num_rows:
                 self._handle_bad(bad, self.transforms[step.first], delta)
+        _count_op(delta, self.op_after, rows_in=table.num_rows)
         if self.local is not None:
             self.local.add(delta)
         if self.counters is not None and delta:
@@ -581,29 +592,16 @@ class _Stage:
         out.fs.pipe_file(out.path, sink.getvalue().to_pybytes())
 
 
-class _OpCount:
-    """Counts the rows going into (``side="in"``) or out of a dataset-level op
-    (``deduplicate``) as that transform's ``rows_in``/``rows_out``; rows pass
-    unchanged. Batches are keyed by their provenance like a stage's, so a batch
-    Ray runs again is counted once."""
-
-    def __init__(self, index: int, transform: Any, counters: Any, side: str):
-        self.index, self.transform, self.counters, self.side = index, transform, counters, side
-
-    def __call__(self, table: pa.Table) -> pa.Table:
-        import ray
-
-        delta = StageCounts()
-        tc = delta.transform(self.index, self.transform)
-        tc.dataset_op = True
-        if self.side == "in":
-            tc.rows_in = table.num_rows
-        else:
-            tc.rows_out = table.num_rows
-        if table.num_rows:
-            key = _batch_key(f"op{self.index}:{self.side}", table)
-            ray.get(self.counters.add.remote(delta, key))
-        return table
+def _count_op(delta: StageCounts, op: tuple[int, Any] | None, *, rows_in: int = 0,
+              rows_out: int = 0) -> None:
+    """Adds rows into / out of the dataset-level op ``op`` (``(index, transform)``,
+    or None: nothing) to ``delta``, the report of the batch stage next to it."""
+    if op is None or not (rows_in or rows_out):
+        return
+    tc = delta.transform(*op)
+    tc.dataset_op = True
+    tc.rows_in += rows_in
+    tc.rows_out += rows_out
 
 
 @dataclasses.dataclass
@@ -975,7 +973,9 @@ class Pipeline:
     # -- the dataset --------------------------------------------------------------
 
     def _build(self, transforms: Sequence[Any], *, counters: Any = None, quarantine: Any = None,
-               shard: tuple[int, int] | None = None) -> ray.data.Dataset:
+               shard: tuple[int, int] | None = None, output: bool = False) -> ray.data.Dataset:
+        """The read, the transforms (batch stages and dataset-level ops) and, with
+        ``output``, the last stage before a writer (provenance dropped, rows counted)."""
         srcs = self.spec.sources
         if len(srcs) == 1:
             ds = self._read_source(srcs[0], shard, counters)
@@ -991,47 +991,50 @@ class Pipeline:
             )
         on_error = self.spec.on_error
         retries = self._retries()
-        with task_retry_args():
-            ds = ds.map_batches(
-                _Stage([], on_error=on_error, counters=counters, quarantine=quarantine,
-                       count_input=True),
-                batch_format="pyarrow", zero_copy_batch=True, **retries,
-            )
-        group: list[Any] = []
-        n_stages = [0]
-        first = [0]
-
-        def flush(ds: ray.data.Dataset) -> ray.data.Dataset:
-            if group:
-                n_stages[0] += 1
-                with task_retry_args():
-                    ds = ds.map_batches(
-                        _Stage(list(group), on_error=on_error, counters=counters,
-                               quarantine=quarantine,
-                               stage_id=f"{n_stages[0]}:" + "+".join(t.name for t in group),
-                               first_index=first[0]),
-                        batch_format="pyarrow", zero_copy_batch=True, **retries,
-                    )
-                group.clear()
-            return ds
-
+        # Batch stages between the dataset-level ops: (first index, transforms);
+        # the read stage comes first, the ops go between the stages.
+        segments: list[tuple[int, list[Any]]] = [(0, [])]
+        ops: list[tuple[int, Any]] = []
         for i, t in enumerate(transforms):
             if t.is_dataset_op:
-                ds = flush(ds)
-                if counters is not None:
-                    # Rows in and out of a dataset-level op, counted around it,
-                    # so what it removes is reported like a batch transform's.
-                    ds = ds.map_batches(_OpCount(i, t, counters, "in"), batch_format="pyarrow",
-                                        zero_copy_batch=True, **retries)
-                ds = _dataset_op(t, ds, _PipelineTasks(self.spec.task_retries, counters))
-                if counters is not None:
-                    ds = ds.map_batches(_OpCount(i, t, counters, "out"), batch_format="pyarrow",
-                                        zero_copy_batch=True, **retries)
+                ops.append((i, t))
+                segments.append((i + 1, []))
             else:
-                if not group:
-                    first[0] = i
-                group.append(t)
-        return flush(ds)
+                segments[-1][1].append(t)
+
+        def stage(ds: ray.data.Dataset, fn: Any) -> ray.data.Dataset:
+            with task_retry_args():
+                return ds.map_batches(fn, batch_format="pyarrow", zero_copy_batch=True, **retries)
+
+        # The rows into and out of a dataset-level op are counted by the stages
+        # next to it (op_after / op_before): the batch stage before it (the read
+        # stage for a first op) and the one after it (the output stage for a
+        # last op). Between two ops with no transform in between, one counting
+        # stage does both.
+        counted = counters is not None
+        for k, (first, group) in enumerate(segments):
+            before = ops[k - 1] if k and counted else None
+            after = ops[k] if k < len(ops) and counted else None
+            kwargs: dict[str, Any] = {"on_error": on_error, "counters": counters,
+                                      "quarantine": quarantine}
+            if k == 0:
+                # The read stage, and the transforms before the first op.
+                ds = stage(ds, _Stage([], count_input=True, op_after=None if group else after,
+                                      **kwargs))
+            if group:
+                ds = stage(ds, _Stage(group, stage_id=f"{k + 1}:" + "+".join(t.name for t in group),
+                                      first_index=first, op_before=before, op_after=after,
+                                      **kwargs))
+            elif before is not None and (after is not None or not output):
+                ds = stage(ds, _Stage([], stage_id=f"{k + 1}:count", op_before=before,
+                                      op_after=after, **kwargs))
+            if k < len(ops):
+                i, t = ops[k]
+                ds = _dataset_op(t, ds, _PipelineTasks(self.spec.task_retries, counters))
+        if output:
+            last = ops[-1] if ops and not segments[-1][1] and counted else None
+            ds = stage(ds, _drop_provenance if counters is None else _Output(counters, op_before=last))
+        return ds
 
     def _fitted(self) -> list[Any]:
         """Transforms with the ones that need statistics fitted over the data before them."""
@@ -1065,11 +1068,8 @@ class Pipeline:
                  counters: Any = None, quarantine: Any = None,
                  shard: tuple[int, int] | None = None) -> ray.data.Dataset:
         """:meth:`dataset` from already fitted transforms, reporting to ``counters``."""
-        ds = self._build(fitted, counters=counters, quarantine=quarantine, shard=shard)
-        if not keep_provenance:
-            with task_retry_args():
-                ds = ds.map_batches(_drop_provenance if counters is None else _Output(counters),
-                                    batch_format="pyarrow", zero_copy_batch=True, **self._retries())
+        ds = self._build(fitted, counters=counters, quarantine=quarantine, shard=shard,
+                         output=not keep_provenance)
         # Same input, seed and plan -> the same rows in the same order.
         ds.context.execution_options.preserve_order = True
         if self.spec.preprocess_on:
@@ -1336,7 +1336,7 @@ class Pipeline:
             # Without packing, "filtered" is what is left once the rest is
             # accounted for; with it, rows before and after it are different
             # units: the sum of what each transform removed (dataset-level ops,
-            # counted around them, included).
+            # counted by the stages next to them, included).
             rows_filtered=(
                 read - manifest.num_rows - skipped - quarantined if not reshaped
                 else sum(filtered_by.values())
@@ -1423,10 +1423,12 @@ def _drop_provenance(table: pa.Table) -> pa.Table:
 
 
 class _Output:
-    """The last stage before the writer: drops provenance, counts rows and in-memory bytes."""
+    """The last stage before the writer: drops provenance, counts rows and in-memory bytes
+    (and, when the last transform is a dataset-level op, its ``rows_out``: see ``_Stage.op_before``)."""
 
-    def __init__(self, counters: Any):
+    def __init__(self, counters: Any, op_before: tuple[int, Any] | None = None):
         self.counters = counters
+        self.op_before = op_before
         self.local: StageCounts | None = None
 
     def __call__(self, table: pa.Table) -> pa.Table:
@@ -1436,6 +1438,7 @@ class _Output:
         table = _drop_provenance(table)
         if table.num_rows:
             delta = StageCounts(rows_out=table.num_rows, bytes_out=table.nbytes)
+            _count_op(delta, self.op_before, rows_out=table.num_rows)
             if self.local is not None:
                 self.local.add(delta)
             ray.get(self.counters.add.remote(delta, key))
