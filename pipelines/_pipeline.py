@@ -1100,6 +1100,19 @@ class Pipeline:
             "transform, or give the workers more memory, and rerun."
         )
 
+    def _listed(self) -> _rerun.Listed:
+        """What this run reads besides its spec, listed from storage now (no Ray):
+        the input listing, the SHA-256 of each file the transforms name and the
+        listing of each folder they read. Its :meth:`~_rerun.Listed.parts` hash
+        to the committed fingerprint."""
+        sink = self.spec.sink
+        return _rerun.Listed(
+            inputs=self.input_listing(),
+            files=_rerun.transform_file_digests(self.spec),
+            folders=_rerun.transform_folder_listings(
+                self.transforms, sink=None if sink is None else sink.uri),
+        )
+
     def fingerprint_parts(self) -> tuple[dict[str, Any], tuple[Any, ...]]:
         """What this run's output depends on, and the input listing, read from storage now.
 
@@ -1107,16 +1120,10 @@ class Pipeline:
         of the input listing, digests of files the transforms read, digests
         of the listings of folders they read, the output format version)
         whose hash is the committed fingerprint, and the listing itself
-        (path, size, generation / mtime per input file). The folder listings
-        are kept in ``self._folder_listings`` for the manifest. No Ray.
+        (path, size, generation / mtime per input file). No Ray.
         """
-        inputs = self.input_listing()
-        files = _rerun.transform_file_digests(self.spec)
-        sink = self.spec.sink
-        folders = _rerun.transform_folder_listings(
-            self.transforms, sink=None if sink is None else sink.uri)
-        self._folder_listings = folders
-        return _rerun.fingerprint_parts(self.fingerprint, inputs, files, folders), inputs
+        listed = self._listed()
+        return listed.parts(self.fingerprint), listed.inputs
 
     def _as_listed_now(self, inputs: Sequence[Any]) -> tuple[Any, ...]:
         """A committed input listing without the files this version leaves out of
@@ -1149,9 +1156,13 @@ class Pipeline:
             raise SpecError(f"{self.source_name}: missing required key 'sink' (format and uri) "
                             "to run; use dataset() for a pipeline without a sink.")
         self.check_sink()
+        return self._decide(self._listed(), overwrite=overwrite)
+
+    def _decide(self, listed: _rerun.Listed, *, overwrite: bool) -> RunReport | None:
+        """:meth:`decide` for inputs as ``listed`` (the sink checked already)."""
+        sink = self.spec.sink
         target = resolve_filesystem(sink.uri, **sink.storage)
-        parts, inputs = self.fingerprint_parts()
-        self._decided = (parts, inputs)
+        parts, inputs = listed.parts(self.fingerprint), listed.inputs
         fp = _rerun.combine(parts)
         if overwrite or not is_committed(target):
             return None
@@ -1176,7 +1187,7 @@ class Pipeline:
         reasons = _rerun.what_changed(
             old_parts if isinstance(old_parts, dict) else None, parts, existing.inputs, inputs,
             old_folders if isinstance(old_folders, dict) else None,
-            _rerun.folder_metadata(self._folder_listings))
+            _rerun.folder_metadata(listed.folders))
         raise AlreadyCommittedError(
             f"{target.uri} is committed by this pipeline from other input: "
             f"{'; '.join(reasons)}. Pass --overwrite (Pipeline.run(overwrite=True)) to recompute "
@@ -1216,10 +1227,12 @@ class Pipeline:
         self.check_sink()
         storage = dict(sink.storage)
         target = resolve_filesystem(sink.uri, **storage)
-        decided = self.decide(overwrite=overwrite)
+        # Listed once: the same listing is fingerprinted and recorded in the manifest.
+        listed = self._listed()
+        decided = self._decide(listed, overwrite=overwrite)
         if decided is not None:
             return decided
-        parts, inputs = self._decided
+        parts, inputs = listed.parts(self.fingerprint), listed.inputs
         fp = _rerun.combine(parts)
         corrupt = False
         if overwrite and is_committed(target):
@@ -1264,8 +1277,8 @@ class Pipeline:
 
         # Folder listings (for a later run's "what changed"), only where a
         # transform reads a folder: other manifests do not carry it.
-        folder_meta = ({_rerun.FOLDERS_KEY: _rerun.folder_metadata(self._folder_listings)}
-                       if self._folder_listings else {})
+        folder_meta = ({_rerun.FOLDERS_KEY: _rerun.folder_metadata(listed.folders)}
+                       if listed.folders else {})
         why_not = self.units_unavailable() if not corrupt else (
             "the committed manifest could not be parsed; it is replaced by a full run")
         unit_info: dict[str, Any] = {"reuse": why_not or "per input file", "shards_reused": 0,
