@@ -900,7 +900,8 @@ class Pipeline:
                     "recomputes everything")
         return None
 
-    def _write_units(self, target: Any, *, writer: str, fingerprint: str, overwrite: bool,
+    def _write_units(self, target: Any, transforms: Sequence[Any], *, writer: str,
+                     fingerprint: str, overwrite: bool,
                      inputs: Sequence[InputFile], counters: Any, quarantine: Any,
                      report_rel: str, quarantine_rel: str | None, before_commit: Any,
                      metadata: dict[str, Any], info: dict[str, Any]) -> Manifest:
@@ -928,9 +929,9 @@ class Pipeline:
         on_error = self.spec.on_error
         process = _UnitProcess([
             _Stage([], on_error=on_error, counters=counters, quarantine=quarantine, count_input=True),
-            _Stage(list(self.transforms), on_error=on_error, counters=counters,
+            _Stage(list(transforms), on_error=on_error, counters=counters,
                    quarantine=quarantine,
-                   stage_id="1:" + "+".join(t.name for t in self.transforms), first_index=0),
+                   stage_id="1:" + "+".join(t.name for t in transforms), first_index=0),
             _Output(counters),
         ])
 
@@ -959,13 +960,17 @@ class Pipeline:
             SpecError: naming the transform and the missing/mistyped column,
                 or a sink that overlaps a source.
         """
+        return self._check(self.transforms)
+
+    def _check(self, transforms: Sequence[Any]) -> pa.Schema:
+        """:meth:`check` of ``transforms`` (this pipeline's, perhaps bound to a listing)."""
         from slicefeed.transforms import check_transforms
 
         self.check_sink()
 
         schema = self.source_schema()
         try:
-            out = check_transforms(schema, self.transforms)
+            out = check_transforms(schema, transforms)
         except SpecError as e:
             raise SpecError(f"{self.source_name}: {e}") from None
         return pa.schema([f for f in out if f.name not in (PROVENANCE_FILE, PROVENANCE_ROW)])
@@ -1036,10 +1041,11 @@ class Pipeline:
             ds = stage(ds, _drop_provenance if counters is None else _Output(counters, op_before=last))
         return ds
 
-    def _fitted(self) -> list[Any]:
-        """Transforms with the ones that need statistics fitted over the data before them."""
+    def _fitted(self, transforms: Sequence[Any] | None = None) -> list[Any]:
+        """``transforms`` (default: this pipeline's) with the ones that need statistics
+        fitted over the data before them."""
         fitted: list[Any] = []
-        for t in self.transforms:
+        for t in self.transforms if transforms is None else transforms:
             if t.needs_fit and not t.is_fitted:
                 upstream = self._build(fitted)
                 t = t.fit(upstream)
@@ -1227,7 +1233,8 @@ class Pipeline:
         self.check_sink()
         storage = dict(sink.storage)
         target = resolve_filesystem(sink.uri, **storage)
-        # Listed once: the same listing is fingerprinted and recorded in the manifest.
+        # Listed once: the same listing is fingerprinted, recorded in the manifest
+        # and (file digests) bound to the transforms that read those files.
         listed = self._listed()
         decided = self._decide(listed, overwrite=overwrite)
         if decided is not None:
@@ -1241,8 +1248,11 @@ class Pipeline:
             except connectors.CorruptManifestError:
                 corrupt = True  # replaced by a full run (the writer keeps the bad file aside)
         t0 = time.perf_counter()
-        self.check()
-        fitted = self._fitted()
+        # The transforms that read a file (a tokenizer.json) use the content the
+        # fingerprint records, and refuse the file if it changed since.
+        transforms = [t.with_file_digests(listed.files) for t in self.transforms]
+        self._check(transforms)
+        fitted = self._fitted(transforms)
         counters = _counters_actor()
         # Everything this run writes beside the data is named by its writer id
         # and recorded in its manifest version: a failed or losing run leaves
@@ -1287,7 +1297,7 @@ class Pipeline:
         def write() -> Manifest:
             if why_not is None:
                 return self._write_units(
-                    target, writer=writer, fingerprint=fp, overwrite=overwrite, inputs=inputs,
+                    target, fitted, writer=writer, fingerprint=fp, overwrite=overwrite, inputs=inputs,
                     counters=counters, quarantine=quarantine, report_rel=report_rel,
                     quarantine_rel=quarantine_rel, before_commit=before_commit,
                     metadata={"pipeline": self.name, "seed": self.spec.seed,
