@@ -288,6 +288,28 @@ def failing_rows(arr: pa.Array, fn) -> np.ndarray:
     return bad
 
 
+def storage_type(t: pa.DataType) -> pa.DataType:
+    """``t``'s storage type for any extension type (a tensor, Ray's tensor types,
+    JSON, opaque ...), else ``t``."""
+    return t.storage_type if isinstance(t, pa.BaseExtensionType) else t
+
+
+def leaf_type(t: pa.DataType) -> pa.DataType:
+    """The value type at the bottom of a (nested) list, fixed-size list or tensor
+    type; ``t`` itself for a scalar type.
+
+    Every level is taken as its storage type, whatever the extension: values
+    are what a cast converts (Arrow casts an extension array through its
+    storage) and what the loader delivers. A cast's check that an infinity
+    was an infinity before reads the storage of the values, so a column of a
+    float or string extension type keeps its infinities like a plain one.
+    """
+    t = storage_type(t)
+    while pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        t = storage_type(t.value_type)
+    return t
+
+
 def list_like(t: pa.DataType) -> bool:
     """Whether ``t`` is a list, large list, fixed-size list or tensor type."""
     return (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
