@@ -87,18 +87,24 @@ def _numpy_values(values: pa.Array) -> np.ndarray:
     return values.to_numpy(zero_copy_only=False)
 
 
-def leaf_rows(arr: pa.Array | pa.ChunkedArray) -> tuple[pa.Array, np.ndarray]:
+def leaf_rows(arr: pa.Array | pa.ChunkedArray, *, rows: bool = True
+              ) -> tuple[pa.Array, np.ndarray | None]:
     """``(leaves, row)``: the values of a (nested) list or tensor column's valid
     rows, flattened in row order, and the row of ``arr`` each one belongs to.
 
     Honours the slice offset; values a null row's slots or offsets still cover
     belong to no row and are left out. A column that is no list is its own
-    leaves (``row`` is ``arange``).
+    leaves (``row`` is ``arange``). With ``rows=False`` the same leaves come
+    without their rows (``row`` is None): no row map is built, for a check
+    that needs row numbers only once it finds something.
     """
     arr = tensor_storage(arr)
-    row = np.arange(len(arr), dtype=np.int64)
+    row = np.arange(len(arr), dtype=np.int64) if rows else None
     while list_like(arr.type):
         arr = tensor_storage(arr)
+        if row is None:
+            arr = arr.flatten()  # the valid rows' values, within the slice
+            continue
         n = len(arr)
         if pa.types.is_fixed_size_list(arr.type):
             size = arr.type.list_size

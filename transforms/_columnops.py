@@ -265,7 +265,7 @@ def _overflow_rows(src: pa.Array, out: pa.Array, bf16: bool) -> np.ndarray:
     ):
         return none
     # The common case, no infinity at all, needs no row numbers.
-    if not pc.any(_is_inf(_flat(out), bf16)).as_py():
+    if not pc.any(_is_inf(leaf_rows(out, rows=False)[0], bf16)).as_py():
         return none
     leaf_out, row = leaf_rows(out)
     inf = _is_inf(leaf_out, bf16)
@@ -281,14 +281,6 @@ def _overflow_rows(src: pa.Array, out: pa.Array, bf16: bool) -> np.ndarray:
         was = pa.array(np.zeros(len(leaf_src), dtype=bool))
     over = pc.and_(inf, pc.invert(pc.fill_null(was, False)))
     return rows_of(pc.fill_null(over, False).to_numpy(zero_copy_only=False), row, len(src))
-
-
-def _flat(arr: pa.Array) -> pa.Array:
-    """The leaf values of ``arr``'s valid rows (no row numbers)."""
-    arr = tensor_storage(arr)
-    while list_like(arr.type):
-        arr = tensor_storage(arr.flatten())
-    return arr
 
 
 def _is_inf(values: pa.Array, bf16: bool) -> pa.Array:
