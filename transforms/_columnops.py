@@ -18,6 +18,7 @@ from slicefeed.connectors import (
     short_repr,
     typed_columns,
 )
+from slicefeed.connectors._values import INFINITY_TEXT
 from slicefeed.transforms._arrays import (
     failing_rows,
     fixed_values,
@@ -241,9 +242,6 @@ def _uncastable_rows(arr: pa.Array, target: pa.DataType) -> np.ndarray:
     return rows_of(bad_leaves, row, len(arr))
 
 
-_INF_TEXT = r"^[+-]?(inf|infinity)$"
-
-
 def _overflow_rows(src: pa.Array, out: pa.Array, bf16: bool) -> np.ndarray:
     """Rows where a finite value of ``src`` became infinite in ``out``, its cast
     to a float type (or bfloat16 bits): beyond the target's range, an overflow.
@@ -276,7 +274,7 @@ def _overflow_rows(src: pa.Array, out: pa.Array, bf16: bool) -> np.ndarray:
     if pa.types.is_floating(t):
         was = pc.invert(pc.is_finite(leaf_src))
     elif pa.types.is_string(t) or pa.types.is_large_string(t):
-        was = pc.match_substring_regex(leaf_src, _INF_TEXT, ignore_case=True)
+        was = pc.match_substring_regex(leaf_src, INFINITY_TEXT)
     else:
         was = pa.array(np.zeros(len(leaf_src), dtype=bool))
     over = pc.and_(inf, pc.invert(pc.fill_null(was, False)))
