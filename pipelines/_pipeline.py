@@ -1034,8 +1034,7 @@ class Pipeline:
                 ds = stage(ds, _Stage([], stage_id=f"{k + 1}:count", op_before=before,
                                       op_after=after, **kwargs))
             if k < len(ops):
-                i, t = ops[k]
-                ds = _dataset_op(t, ds, _PipelineTasks(self.spec.task_retries, counters))
+                ds = _dataset_op(ops[k][1], ds, _PipelineTasks(self.spec.task_retries, counters))
         if output:
             last = ops[-1] if ops and not segments[-1][1] and counted else None
             ds = stage(ds, _drop_provenance if counters is None else _Output(counters, op_before=last))
