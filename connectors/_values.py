@@ -35,6 +35,13 @@ from slicefeed.connectors._errors import printable
 #: Float64 holds every integer of smaller magnitude exactly.
 EXACT_LIMIT = 2.0**53
 
+#: Text that spells an infinity (``inf``, ``-Infinity``, ``+INF``: any case, an
+#: optional sign), as a CSV field may hold it, surrounding whitespace included.
+#: A value written so is kept as infinite, not taken for an overflow; the one
+#: pattern for readers and for ``cast`` (whose string-to-float cast refuses
+#: whitespace, so on the values it accepts the whitespace never matters).
+INFINITY_TEXT = r"^\s*[+-]?(?i:inf|infinity)\s*$"
+
 #: Most levels of lists and structs a column may have. Arrow's IPC format (how
 #: Ray moves blocks) refuses 64 levels, and Parquet readers refuse a schema 100
 #: nodes deep, where each list level takes two: beyond this a committed dataset
@@ -497,7 +504,7 @@ def rounded_csv_rows(
             if row not in out and rounded(value):
                 out[row] = (f"column {column!r} holds {shown(value)}, which {ADVICE}", raw)
         if inf:
-            spelled = pc.match_substring_regex(values, r"^\s*[+-]?(?i:inf|infinity)\s*$")
+            spelled = pc.match_substring_regex(values, INFINITY_TEXT)
             over = np.isinf(magnitudes) & ~pc.fill_null(spelled, False).to_numpy(
                 zero_copy_only=False)
             for i in np.flatnonzero(over).tolist():

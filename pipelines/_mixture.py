@@ -129,6 +129,18 @@ def _survey(dss: Sequence[ray.data.Dataset]
     return sizes, [{f: np.unique(np.asarray(r, np.int64)) for f, r in b.items()} for b in bad], schemas
 
 
+def _rank(offset: int, bad: np.ndarray | None, rows: np.ndarray) -> np.ndarray:
+    """The rank of rows ``rows`` of one file among its source's good rows in
+    (file, row) order: ``offset`` (the good rows of the files before it) plus
+    the rows before each in its file, less the file's bad rows before it
+    (``bad``: their sorted rows). A bad record gets the rank of the good row
+    after it, the one it goes with (kept, and keyed, with that row)."""
+    rank = offset + rows
+    if bad is not None and bad.size:
+        rank = rank - np.searchsorted(bad, rows)
+    return rank
+
+
 def plan_counts(sizes: Sequence[int], weights: Sequence[float]) -> list[int]:
     """Rows taken from each source: ``floor(p_i * min_j n_j / p_j)``, capped at ``n_i``.
 
@@ -240,10 +252,10 @@ def interleave(
         for i, name in enumerate(names):
             taken = records[i]
             if counts[i] < sizes[i]:
-                # Bad records go with the good row after them (see _Keyer).
+                # Bad records go with the good row after them (see _rank).
                 bad_taken = 0
                 for f, rows in file_bad[i].items():
-                    rank = offsets_of[i].get(f, 0) + rows - np.arange(len(rows))
+                    rank = _rank(offsets_of[i].get(f, 0), rows, rows)
                     bad_taken += int((rank < counts[i]).sum())
                 taken = counts[i] + bad_taken
             read[name] = {"rows_read": taken, "rows_not_taken": records[i] - taken}
@@ -262,7 +274,7 @@ def interleave(
 class _Keyer:
     """Adds the mixture sort key to a source's rows and drops rows past its quota.
 
-    A good row's rank is its place among the source's good rows in (file, row)
+    A good row's rank (:func:`_rank`) is its place among the source's good rows in (file, row)
     order (``offsets``: good rows before each file; ``bad``: each file's sorted
     bad rows). A bad record goes with the good row after it: kept while that
     row is within the quota, keyed just before it (it is counted, never written);
@@ -291,7 +303,7 @@ class _Keyer:
             marked = self.bad.get(f)
             if marked is not None and marked.size:
                 at = codes == k
-                rank[at] -= np.searchsorted(marked, row[at])  # bad rows before each row
+                rank[at] = _rank(int(base[k]), marked, row[at])
         is_bad = (pc.is_valid(batch.column(ERROR_COLUMN)).to_numpy(zero_copy_only=False)
                   if ERROR_COLUMN in batch.column_names else np.zeros(len(row), bool))
         keep = (rank < self.count) | marker | (is_bad & self.whole)

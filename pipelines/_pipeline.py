@@ -102,7 +102,7 @@ class TransformCounts:
     time_s: float = 0.0
     slots: int = 0
     tokens: int = 0
-    #: A dataset-level op (``deduplicate``): counted around it, not in a stage.
+    #: A dataset-level op (``deduplicate``): counted by the batch stages next to it.
     dataset_op: bool = False
 
     @property
@@ -471,6 +471,8 @@ class _Stage:
         count_input: bool = False,
         stage_id: str = "",
         first_index: int = 0,
+        op_before: tuple[int, Any] | None = None,
+        op_after: tuple[int, Any] | None = None,
     ):
         from slicefeed.transforms import chain_steps
 
@@ -484,6 +486,13 @@ class _Stage:
         self.quarantine = quarantine  # ResolvedPath of <sink>/_quarantine or None
         self.count_input = count_input
         self.stage_id = stage_id or ("read" if count_input else "+".join(t.name for t in self.transforms))
+        #: ``(index, transform)`` of the dataset-level op (``deduplicate``) right
+        #: before this stage, whose output rows are this stage's input, and of the
+        #: one right after it, whose input rows are this stage's output: counted
+        #: here as that op's ``rows_out`` / ``rows_in``, in the report this stage
+        #: sends anyway, so an op needs no counting stage (and no actor call per
+        #: batch) of its own.
+        self.op_before, self.op_after = op_before, op_after
         #: A unit task's own tally of the counters (kept in its side record).
         self.local: StageCounts | None = None
 
@@ -510,6 +519,7 @@ class _Stage:
             # worker is known to the driver by its files and transforms.
             ray.get(self.counters.begin.remote(key, _describe_batch(table, self.transforms)))
         delta = StageCounts()
+        _count_op(delta, self.op_before, rows_out=table.num_rows)
         if self.count_input:
             # Records the reader could not decode (mark_errors=True).
             table, bad = split_errors(table)
@@ -557,6 +567,7 @@ class _Stage:
                     tc.slots, tc.tokens = _padding_counts(table)
             if bad.num_rows:
                 self._handle_bad(bad, self.transforms[step.first], delta)
+        _count_op(delta, self.op_after, rows_in=table.num_rows)
         if self.local is not None:
             self.local.add(delta)
         if self.counters is not None and delta:
@@ -582,29 +593,16 @@ class _Stage:
         out.fs.pipe_file(out.path, sink.getvalue().to_pybytes())
 
 
-class _OpCount:
-    """Counts the rows going into (``side="in"``) or out of a dataset-level op
-    (``deduplicate``) as that transform's ``rows_in``/``rows_out``; rows pass
-    unchanged. Batches are keyed by their provenance like a stage's, so a batch
-    Ray runs again is counted once."""
-
-    def __init__(self, index: int, transform: Any, counters: Any, side: str):
-        self.index, self.transform, self.counters, self.side = index, transform, counters, side
-
-    def __call__(self, table: pa.Table) -> pa.Table:
-        import ray
-
-        delta = StageCounts()
-        tc = delta.transform(self.index, self.transform)
-        tc.dataset_op = True
-        if self.side == "in":
-            tc.rows_in = table.num_rows
-        else:
-            tc.rows_out = table.num_rows
-        if table.num_rows:
-            key = _batch_key(f"op{self.index}:{self.side}", table)
-            ray.get(self.counters.add.remote(delta, key))
-        return table
+def _count_op(delta: StageCounts, op: tuple[int, Any] | None, *, rows_in: int = 0,
+              rows_out: int = 0) -> None:
+    """Adds rows into / out of the dataset-level op ``op`` (``(index, transform)``,
+    or None: nothing) to ``delta``, the report of the batch stage next to it."""
+    if op is None or not (rows_in or rows_out):
+        return
+    tc = delta.transform(*op)
+    tc.dataset_op = True
+    tc.rows_in += rows_in
+    tc.rows_out += rows_out
 
 
 @dataclasses.dataclass
@@ -903,7 +901,8 @@ class Pipeline:
                     "recomputes everything")
         return None
 
-    def _write_units(self, target: Any, *, writer: str, fingerprint: str, overwrite: bool,
+    def _write_units(self, target: Any, transforms: Sequence[Any], *, writer: str,
+                     fingerprint: str, overwrite: bool,
                      inputs: Sequence[InputFile], counters: Any, quarantine: Any,
                      report_rel: str, quarantine_rel: str | None, before_commit: Any,
                      metadata: dict[str, Any], info: dict[str, Any]) -> Manifest:
@@ -931,9 +930,9 @@ class Pipeline:
         on_error = self.spec.on_error
         process = _UnitProcess([
             _Stage([], on_error=on_error, counters=counters, quarantine=quarantine, count_input=True),
-            _Stage(list(self.transforms), on_error=on_error, counters=counters,
+            _Stage(list(transforms), on_error=on_error, counters=counters,
                    quarantine=quarantine,
-                   stage_id="1:" + "+".join(t.name for t in self.transforms), first_index=0),
+                   stage_id="1:" + "+".join(t.name for t in transforms), first_index=0),
             _Output(counters),
         ])
 
@@ -962,13 +961,17 @@ class Pipeline:
             SpecError: naming the transform and the missing/mistyped column,
                 or a sink that overlaps a source.
         """
+        return self._check(self.transforms)
+
+    def _check(self, transforms: Sequence[Any]) -> pa.Schema:
+        """:meth:`check` of ``transforms`` (this pipeline's, perhaps bound to a listing)."""
         from slicefeed.transforms import check_transforms
 
         self.check_sink()
 
         schema = self.source_schema()
         try:
-            out = check_transforms(schema, self.transforms)
+            out = check_transforms(schema, transforms)
         except SpecError as e:
             raise SpecError(f"{self.source_name}: {e}") from None
         return pa.schema([f for f in out if f.name not in (PROVENANCE_FILE, PROVENANCE_ROW)])
@@ -976,7 +979,9 @@ class Pipeline:
     # -- the dataset --------------------------------------------------------------
 
     def _build(self, transforms: Sequence[Any], *, counters: Any = None, quarantine: Any = None,
-               shard: tuple[int, int] | None = None) -> ray.data.Dataset:
+               shard: tuple[int, int] | None = None, output: bool = False) -> ray.data.Dataset:
+        """The read, the transforms (batch stages and dataset-level ops) and, with
+        ``output``, the last stage before a writer (provenance dropped, rows counted)."""
         srcs = self.spec.sources
         if len(srcs) == 1:
             ds = self._read_source(srcs[0], shard, counters)
@@ -992,52 +997,55 @@ class Pipeline:
             )
         on_error = self.spec.on_error
         retries = self._retries()
-        with task_retry_args():
-            ds = ds.map_batches(
-                _Stage([], on_error=on_error, counters=counters, quarantine=quarantine,
-                       count_input=True),
-                batch_format="pyarrow", zero_copy_batch=True, **retries,
-            )
-        group: list[Any] = []
-        n_stages = [0]
-        first = [0]
-
-        def flush(ds: ray.data.Dataset) -> ray.data.Dataset:
-            if group:
-                n_stages[0] += 1
-                with task_retry_args():
-                    ds = ds.map_batches(
-                        _Stage(list(group), on_error=on_error, counters=counters,
-                               quarantine=quarantine,
-                               stage_id=f"{n_stages[0]}:" + "+".join(t.name for t in group),
-                               first_index=first[0]),
-                        batch_format="pyarrow", zero_copy_batch=True, **retries,
-                    )
-                group.clear()
-            return ds
-
+        # Batch stages between the dataset-level ops: (first index, transforms);
+        # the read stage comes first, the ops go between the stages.
+        segments: list[tuple[int, list[Any]]] = [(0, [])]
+        ops: list[tuple[int, Any]] = []
         for i, t in enumerate(transforms):
             if t.is_dataset_op:
-                ds = flush(ds)
-                if counters is not None:
-                    # Rows in and out of a dataset-level op, counted around it,
-                    # so what it removes is reported like a batch transform's.
-                    ds = ds.map_batches(_OpCount(i, t, counters, "in"), batch_format="pyarrow",
-                                        zero_copy_batch=True, **retries)
-                ds = _dataset_op(t, ds, _PipelineTasks(self.spec.task_retries, counters))
-                if counters is not None:
-                    ds = ds.map_batches(_OpCount(i, t, counters, "out"), batch_format="pyarrow",
-                                        zero_copy_batch=True, **retries)
+                ops.append((i, t))
+                segments.append((i + 1, []))
             else:
-                if not group:
-                    first[0] = i
-                group.append(t)
-        return flush(ds)
+                segments[-1][1].append(t)
 
-    def _fitted(self) -> list[Any]:
-        """Transforms with the ones that need statistics fitted over the data before them."""
+        def stage(ds: ray.data.Dataset, fn: Any) -> ray.data.Dataset:
+            with task_retry_args():
+                return ds.map_batches(fn, batch_format="pyarrow", zero_copy_batch=True, **retries)
+
+        # The rows into and out of a dataset-level op are counted by the stages
+        # next to it (op_after / op_before): the batch stage before it (the read
+        # stage for a first op) and the one after it (the output stage for a
+        # last op). Between two ops with no transform in between, one counting
+        # stage does both.
+        counted = counters is not None
+        for k, (first, group) in enumerate(segments):
+            before = ops[k - 1] if k and counted else None
+            after = ops[k] if k < len(ops) and counted else None
+            kwargs: dict[str, Any] = {"on_error": on_error, "counters": counters,
+                                      "quarantine": quarantine}
+            if k == 0:
+                # The read stage, and the transforms before the first op.
+                ds = stage(ds, _Stage([], count_input=True, op_after=None if group else after,
+                                      **kwargs))
+            if group:
+                ds = stage(ds, _Stage(group, stage_id=f"{k + 1}:" + "+".join(t.name for t in group),
+                                      first_index=first, op_before=before, op_after=after,
+                                      **kwargs))
+            elif before is not None and (after is not None or not output):
+                ds = stage(ds, _Stage([], stage_id=f"{k + 1}:count", op_before=before,
+                                      op_after=after, **kwargs))
+            if k < len(ops):
+                ds = _dataset_op(ops[k][1], ds, _PipelineTasks(self.spec.task_retries, counters))
+        if output:
+            last = ops[-1] if ops and not segments[-1][1] and counted else None
+            ds = stage(ds, _drop_provenance if counters is None else _Output(counters, op_before=last))
+        return ds
+
+    def _fitted(self, transforms: Sequence[Any] | None = None) -> list[Any]:
+        """``transforms`` (default: this pipeline's) with the ones that need statistics
+        fitted over the data before them."""
         fitted: list[Any] = []
-        for t in self.transforms:
+        for t in self.transforms if transforms is None else transforms:
             if t.needs_fit and not t.is_fitted:
                 upstream = self._build(fitted)
                 t = t.fit(upstream)
@@ -1066,11 +1074,8 @@ class Pipeline:
                  counters: Any = None, quarantine: Any = None,
                  shard: tuple[int, int] | None = None) -> ray.data.Dataset:
         """:meth:`dataset` from already fitted transforms, reporting to ``counters``."""
-        ds = self._build(fitted, counters=counters, quarantine=quarantine, shard=shard)
-        if not keep_provenance:
-            with task_retry_args():
-                ds = ds.map_batches(_drop_provenance if counters is None else _Output(counters),
-                                    batch_format="pyarrow", zero_copy_batch=True, **self._retries())
+        ds = self._build(fitted, counters=counters, quarantine=quarantine, shard=shard,
+                         output=not keep_provenance)
         # Same input, seed and plan -> the same rows in the same order.
         ds.context.execution_options.preserve_order = True
         if self.spec.preprocess_on:
@@ -1101,6 +1106,25 @@ class Pipeline:
             "transform, or give the workers more memory, and rerun."
         )
 
+    def _listed(self) -> _rerun.Listed:
+        """What this run reads besides its spec, listed from storage now (no Ray):
+        the input listing, the SHA-256 of each file the transforms name and the
+        listing of each folder they read. Its :meth:`~_rerun.Listed.parts` hash
+        to the committed fingerprint."""
+        sink = self.spec.sink
+        return _rerun.Listed(
+            inputs=self.input_listing(),
+            files=_rerun.transform_file_digests(self.spec),
+            folders=_rerun.transform_folder_listings(
+                self.transforms, sink=None if sink is None else sink.uri),
+        )
+
+    def _spec_fingerprint(self, listed: _rerun.Listed) -> str:
+        """The spec's fingerprint checked against the input listing: a source URI
+        named like a file that the listing shows to be a folder has its
+        name-dependent reader options decided per file (see :func:`listed_fingerprint`)."""
+        return listed_fingerprint(self.spec, {str(i.uri) for i in listed.inputs})
+
     def fingerprint_parts(self) -> tuple[dict[str, Any], tuple[Any, ...]]:
         """What this run's output depends on, and the input listing, read from storage now.
 
@@ -1108,17 +1132,10 @@ class Pipeline:
         of the input listing, digests of files the transforms read, digests
         of the listings of folders they read, the output format version)
         whose hash is the committed fingerprint, and the listing itself
-        (path, size, generation / mtime per input file). The folder listings
-        are kept in ``self._folder_listings`` for the manifest. No Ray.
+        (path, size, generation / mtime per input file). No Ray.
         """
-        inputs = self.input_listing()
-        files = _rerun.transform_file_digests(self.spec)
-        sink = self.spec.sink
-        folders = _rerun.transform_folder_listings(
-            self.transforms, sink=None if sink is None else sink.uri)
-        self._folder_listings = folders
-        spec = listed_fingerprint(self.spec, {str(i.uri) for i in inputs})
-        return _rerun.fingerprint_parts(spec, inputs, files, folders), inputs
+        listed = self._listed()
+        return listed.parts(self._spec_fingerprint(listed)), listed.inputs
 
     def _as_listed_now(self, inputs: Sequence[Any]) -> tuple[Any, ...]:
         """A committed input listing without the files this version leaves out of
@@ -1153,9 +1170,13 @@ class Pipeline:
             raise SpecError(f"{self.source_name}: missing required key 'sink' (format and uri) "
                             "to run; use dataset() for a pipeline without a sink.")
         self.check_sink()
+        return self._decide(self._listed(), overwrite=overwrite)
+
+    def _decide(self, listed: _rerun.Listed, *, overwrite: bool) -> RunReport | None:
+        """:meth:`decide` for inputs as ``listed`` (the sink checked already)."""
+        sink = self.spec.sink
         target = resolve_filesystem(sink.uri, **sink.storage)
-        parts, inputs = self.fingerprint_parts()
-        self._decided = (parts, inputs)
+        parts, inputs = listed.parts(self._spec_fingerprint(listed)), listed.inputs
         fp = _rerun.combine(parts)
         if overwrite or not is_committed(target):
             return None
@@ -1194,7 +1215,7 @@ class Pipeline:
         reasons = _rerun.what_changed(
             old_parts if isinstance(old_parts, dict) else None, mine, existing.inputs, inputs,
             old_folders if isinstance(old_folders, dict) else None,
-            _rerun.folder_metadata(self._folder_listings))
+            _rerun.folder_metadata(listed.folders))
         raise AlreadyCommittedError(
             f"{target.uri} is committed by this pipeline from other input: "
             f"{'; '.join(reasons)}. Pass --overwrite (Pipeline.run(overwrite=True)) to recompute "
@@ -1234,10 +1255,13 @@ class Pipeline:
         self.check_sink()
         storage = dict(sink.storage)
         target = resolve_filesystem(sink.uri, **storage)
-        decided = self.decide(overwrite=overwrite)
+        # Listed once: the same listing is fingerprinted, recorded in the manifest
+        # and (file digests) bound to the transforms that read those files.
+        listed = self._listed()
+        decided = self._decide(listed, overwrite=overwrite)
         if decided is not None:
             return decided
-        parts, inputs = self._decided
+        parts, inputs = listed.parts(self._spec_fingerprint(listed)), listed.inputs
         fp = _rerun.combine(parts)
         corrupt = False
         if overwrite and is_committed(target):
@@ -1246,8 +1270,11 @@ class Pipeline:
             except connectors.CorruptManifestError:
                 corrupt = True  # replaced by a full run (the writer keeps the bad file aside)
         t0 = time.perf_counter()
-        self.check()
-        fitted = self._fitted()
+        # The transforms that read a file (a tokenizer.json) use the content the
+        # fingerprint records, and refuse the file if it changed since.
+        transforms = [t.with_file_digests(listed.files) for t in self.transforms]
+        self._check(transforms)
+        fitted = self._fitted(transforms)
         counters = _counters_actor()
         # Everything this run writes beside the data is named by its writer id
         # and recorded in its manifest version: a failed or losing run leaves
@@ -1282,8 +1309,8 @@ class Pipeline:
 
         # Folder listings (for a later run's "what changed"), only where a
         # transform reads a folder: other manifests do not carry it.
-        folder_meta = ({_rerun.FOLDERS_KEY: _rerun.folder_metadata(self._folder_listings)}
-                       if self._folder_listings else {})
+        folder_meta = ({_rerun.FOLDERS_KEY: _rerun.folder_metadata(listed.folders)}
+                       if listed.folders else {})
         why_not = self.units_unavailable() if not corrupt else (
             "the committed manifest could not be parsed; it is replaced by a full run")
         unit_info: dict[str, Any] = {"reuse": why_not or "per input file", "shards_reused": 0,
@@ -1292,7 +1319,7 @@ class Pipeline:
         def write() -> Manifest:
             if why_not is None:
                 return self._write_units(
-                    target, writer=writer, fingerprint=fp, overwrite=overwrite, inputs=inputs,
+                    target, fitted, writer=writer, fingerprint=fp, overwrite=overwrite, inputs=inputs,
                     counters=counters, quarantine=quarantine, report_rel=report_rel,
                     quarantine_rel=quarantine_rel, before_commit=before_commit,
                     metadata={"pipeline": self.name, "seed": self.spec.seed,
@@ -1354,7 +1381,7 @@ class Pipeline:
             # Without packing, "filtered" is what is left once the rest is
             # accounted for; with it, rows before and after it are different
             # units: the sum of what each transform removed (dataset-level ops,
-            # counted around them, included).
+            # counted by the stages next to them, included).
             rows_filtered=(
                 read - manifest.num_rows - skipped - quarantined if not reshaped
                 else sum(filtered_by.values())
@@ -1441,10 +1468,12 @@ def _drop_provenance(table: pa.Table) -> pa.Table:
 
 
 class _Output:
-    """The last stage before the writer: drops provenance, counts rows and in-memory bytes."""
+    """The last stage before the writer: drops provenance, counts rows and in-memory bytes
+    (and, when the last transform is a dataset-level op, its ``rows_out``: see ``_Stage.op_before``)."""
 
-    def __init__(self, counters: Any):
+    def __init__(self, counters: Any, op_before: tuple[int, Any] | None = None):
         self.counters = counters
+        self.op_before = op_before
         self.local: StageCounts | None = None
 
     def __call__(self, table: pa.Table) -> pa.Table:
@@ -1454,6 +1483,7 @@ class _Output:
         table = _drop_provenance(table)
         if table.num_rows:
             delta = StageCounts(rows_out=table.num_rows, bytes_out=table.nbytes)
+            _count_op(delta, self.op_before, rows_out=table.num_rows)
             if self.local is not None:
                 self.local.add(delta)
             ray.get(self.counters.add.remote(delta, key))

@@ -33,6 +33,7 @@ format change: :data:`OUTPUT_FORMAT_VERSION` stays.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
@@ -133,6 +134,29 @@ def transform_folder_listings(transforms: Iterable[Any], *, sink: str | None = N
             if uri not in out:
                 out[uri] = list_folder(uri, exclude=() if sink is None else (sink,), **storage)
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Listed:
+    """What a run reads besides its spec, as storage shows it now: listed once
+    when a run is decided (:meth:`Pipeline.decide`), then handed to whatever
+    needs it (the fingerprint, the manifest, the transforms bound to it).
+
+    Attributes:
+        inputs: The input listing (path, size, generation / mtime per file).
+        files: SHA-256 of each file a transform's arguments name, by the name
+            as written (:func:`transform_file_digests`).
+        folders: The listing of each folder a transform reads files from, by
+            its URI (:func:`transform_folder_listings`).
+    """
+
+    inputs: tuple[Any, ...]
+    files: Mapping[str, str]
+    folders: Mapping[str, tuple[Any, ...]]
+
+    def parts(self, spec_fingerprint: str) -> dict[str, Any]:
+        """The fingerprint's parts for a spec with this fingerprint."""
+        return fingerprint_parts(spec_fingerprint, self.inputs, self.files, self.folders)
 
 
 def folder_metadata(folders: Mapping[str, Sequence[Any]]) -> dict[str, Any]:

@@ -87,18 +87,24 @@ def _numpy_values(values: pa.Array) -> np.ndarray:
     return values.to_numpy(zero_copy_only=False)
 
 
-def leaf_rows(arr: pa.Array | pa.ChunkedArray) -> tuple[pa.Array, np.ndarray]:
+def leaf_rows(arr: pa.Array | pa.ChunkedArray, *, rows: bool = True
+              ) -> tuple[pa.Array, np.ndarray | None]:
     """``(leaves, row)``: the values of a (nested) list or tensor column's valid
     rows, flattened in row order, and the row of ``arr`` each one belongs to.
 
     Honours the slice offset; values a null row's slots or offsets still cover
     belong to no row and are left out. A column that is no list is its own
-    leaves (``row`` is ``arange``).
+    leaves (``row`` is ``arange``). With ``rows=False`` the same leaves come
+    without their rows (``row`` is None): no row map is built, for a check
+    that needs row numbers only once it finds something.
     """
     arr = tensor_storage(arr)
-    row = np.arange(len(arr), dtype=np.int64)
+    row = np.arange(len(arr), dtype=np.int64) if rows else None
     while list_like(arr.type):
         arr = tensor_storage(arr)
+        if row is None:
+            arr = arr.flatten()  # the valid rows' values, within the slice
+            continue
         n = len(arr)
         if pa.types.is_fixed_size_list(arr.type):
             size = arr.type.list_size
@@ -286,6 +292,28 @@ def failing_rows(arr: pa.Array, fn) -> np.ndarray:
             mid = (lo + hi) // 2
             stack += [(lo, mid), (mid, hi)]
     return bad
+
+
+def storage_type(t: pa.DataType) -> pa.DataType:
+    """``t``'s storage type for any extension type (a tensor, Ray's tensor types,
+    JSON, opaque ...), else ``t``."""
+    return t.storage_type if isinstance(t, pa.BaseExtensionType) else t
+
+
+def leaf_type(t: pa.DataType) -> pa.DataType:
+    """The value type at the bottom of a (nested) list, fixed-size list or tensor
+    type; ``t`` itself for a scalar type.
+
+    Every level is taken as its storage type, whatever the extension: values
+    are what a cast converts (Arrow casts an extension array through its
+    storage) and what the loader delivers. A cast's check that an infinity
+    was an infinity before reads the storage of the values, so a column of a
+    float or string extension type keeps its infinities like a plain one.
+    """
+    t = storage_type(t)
+    while pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        t = storage_type(t.value_type)
+    return t
 
 
 def list_like(t: pa.DataType) -> bool:

@@ -18,11 +18,13 @@ from slicefeed.connectors import (
     short_repr,
     typed_columns,
 )
+from slicefeed.connectors._values import INFINITY_TEXT
 from slicefeed.transforms._arrays import (
     failing_rows,
     fixed_values,
     is_tensor,
     leaf_rows,
+    leaf_type,
     list_like,
     rows_of,
     tensor_storage,
@@ -232,25 +234,16 @@ class Cast(Transform):
         return mark_errors(table, bad_all, reasons)
 
 
-def _leaf_type(t: pa.DataType) -> pa.DataType:
-    while list_like(t):
-        t = t.value_type
-    return t
-
-
 def _uncastable_rows(arr: pa.Array, target: pa.DataType) -> np.ndarray:
     """Rows of ``arr`` holding a value the cast to ``target`` refuses (error path).
 
     A list or tensor column is bisected over its leaf values, each cast alone
     to the target's value type, and the failing ones mapped to their rows: a
     cast of a sliced list also casts child values outside the slice."""
-    leaf_target = _leaf_type(target)
+    leaf_target = leaf_type(target)
     leaves, row = leaf_rows(arr)
     bad_leaves = failing_rows(leaves, lambda a: pc.cast(a, leaf_target))
     return rows_of(bad_leaves, row, len(arr))
-
-
-_INF_TEXT = r"^[+-]?(inf|infinity)$"
 
 
 def _overflow_rows(src: pa.Array, out: pa.Array, bf16: bool) -> np.ndarray:
@@ -261,41 +254,35 @@ def _overflow_rows(src: pa.Array, out: pa.Array, bf16: bool) -> np.ndarray:
     ``-Infinity``, ``nan``) stay; rounding a finite value to the nearest one
     of a narrower float is what a float cast does, and no error."""
     none = np.zeros(len(src), dtype=bool)
-    leaf_type, src_type = _leaf_type(out.type), _leaf_type(src.type)
-    if not (pa.types.is_uint16(leaf_type) if bf16 else pa.types.is_floating(leaf_type)):
+    out_type, src_type = leaf_type(out.type), leaf_type(src.type)
+    if not (pa.types.is_uint16(out_type) if bf16 else pa.types.is_floating(out_type)):
         return none
     # Casts whose every value is within the target's range need no check:
     # any int64 is within float32's and bfloat16's (float16's ends at 65504),
     # and a float within a float at least as wide.
-    if pa.types.is_integer(src_type) and not pa.types.is_float16(leaf_type):
+    if pa.types.is_integer(src_type) and not pa.types.is_float16(out_type):
         return none
     if pa.types.is_floating(src_type) and (
-        src_type.bit_width <= (16 if bf16 else leaf_type.bit_width)
+        src_type.bit_width <= (16 if bf16 else out_type.bit_width)
     ):
         return none
     # The common case, no infinity at all, needs no row numbers.
-    if not pc.any(_is_inf(_flat(out), bf16)).as_py():
+    if not pc.any(_is_inf(leaf_rows(out, rows=False)[0], bf16)).as_py():
         return none
     leaf_out, row = leaf_rows(out)
     inf = _is_inf(leaf_out, bf16)
     leaf_src, _ = leaf_rows(src)  # the same rows, so the same leaves in the same order
+    if isinstance(leaf_src, pa.ExtensionArray):  # its values are its storage's (leaf_type)
+        leaf_src = leaf_src.storage
     t = leaf_src.type
     if pa.types.is_floating(t):
         was = pc.invert(pc.is_finite(leaf_src))
     elif pa.types.is_string(t) or pa.types.is_large_string(t):
-        was = pc.match_substring_regex(leaf_src, _INF_TEXT, ignore_case=True)
+        was = pc.match_substring_regex(leaf_src, INFINITY_TEXT)
     else:
         was = pa.array(np.zeros(len(leaf_src), dtype=bool))
     over = pc.and_(inf, pc.invert(pc.fill_null(was, False)))
     return rows_of(pc.fill_null(over, False).to_numpy(zero_copy_only=False), row, len(src))
-
-
-def _flat(arr: pa.Array) -> pa.Array:
-    """The leaf values of ``arr``'s valid rows (no row numbers)."""
-    arr = tensor_storage(arr)
-    while list_like(arr.type):
-        arr = tensor_storage(arr.flatten())
-    return arr
 
 
 def _is_inf(values: pa.Array, bf16: bool) -> pa.Array:

@@ -152,6 +152,17 @@ class Transform:
         """
         return ()
 
+    def with_file_digests(self, digests: Mapping[str, str]) -> Transform:
+        """Returns a copy bound to the content of the files it reads, as planned.
+
+        ``digests`` maps a file named in a transform argument (as written) to
+        the SHA-256 of its bytes, as a pipeline run's fingerprint records it. A
+        transform that reads such a file (``tokenize``'s ``tokenizer.json``)
+        then works with exactly that content, without checking the file per
+        batch, and refuses the file if it has changed since. Default: ``self``.
+        """
+        return self
+
     def with_seed(self, seed: int) -> Transform:
         """Returns a copy that draws its randomness from ``seed``.
 

@@ -94,3 +94,23 @@ def type_label(field: pa.Field) -> str:
         value = f"{t.value_type} (bfloat16 bits)" if bf16 else str(t.value_type)
         return f"fixed_shape_tensor<{value}>[{','.join(str(d) for d in t.shape)}]"
     return f"{t} (bfloat16 bits)" if bf16 else str(t)
+
+
+def as_float64(v, t: pa.DataType | None = None, *, integers_only: bool = False):
+    """``v`` (an Arrow array, chunked array or compute expression, of type ``t``;
+    default: ``v.type``) as float64.
+
+    An integer beyond 2**53 rounds to the nearest float64 (53 significant
+    bits, as Python's ``int / int`` does and any float result must); no
+    integer overflows float64, so the unchecked cast only rounds, never wraps.
+    Other numeric types cast checked. With ``integers_only`` only integers are
+    cast: a filter's ``/`` divides floats in their own type and leaves any
+    other type to Arrow's kernels (a string is refused there), while a scaler
+    computes every numeric column in float64.
+    """
+    t = v.type if t is None else t
+    if pa.types.is_integer(t):
+        return v.cast(pa.float64(), safe=False)
+    if integers_only or pa.types.is_float64(t):
+        return v
+    return v.cast(pa.float64())

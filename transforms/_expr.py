@@ -36,6 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from slicefeed.connectors import SpecError, printable, short_repr
+from slicefeed.transforms._dtypes import as_float64
 
 #: Longest expression text (checked before parsing).
 MAX_EXPR_CHARS = 100_000
@@ -73,12 +74,10 @@ _ARITH = {
 def _as_float(v: Any, t: Any) -> Any:
     """An operand of ``/`` (an expression or array of type ``t``, or a Python
     number) as float64 when it is an integer, so that ``/`` divides as Python
-    does; other types are left to Arrow's own kernels (a string is refused).
-    Integers beyond 2**53 round, as in Python's ``int / int``."""
+    does (:func:`as_float64` with ``integers_only``: other types are left to
+    Arrow's own kernels, a string is refused there)."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        if isinstance(t, pa.DataType) and pa.types.is_integer(t):
-            return v.cast(pa.float64(), safe=False)
-        return v
+        return as_float64(v, t, integers_only=True) if isinstance(t, pa.DataType) else v
     return float(v)
 
 

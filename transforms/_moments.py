@@ -22,7 +22,7 @@ import numpy as np
 from ray.data.aggregate import AggregateFnV2
 from ray.data.block import BlockAccessor
 
-from slicefeed.transforms._scaling import as_float64
+from slicefeed.transforms._dtypes import as_float64
 
 #: Accumulator slots: finite count, mean, sum of squared deviations, min, max,
 #: NaN count, +inf count, -inf count.

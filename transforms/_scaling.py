@@ -21,18 +21,10 @@ import pyarrow.compute as pc
 
 from slicefeed.connectors import printable, short_repr
 from slicefeed.transforms._contract import Transform
+from slicefeed.transforms._dtypes import as_float64
 
 if TYPE_CHECKING:  # pragma: no cover
     import ray.data
-
-
-def as_float64(col: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
-    """A numeric column as float64. Integers beyond 2^53 round to the nearest
-    float64 (53 significant bits, as any float result must); no integer
-    overflows float64, so the unchecked cast only rounds, never wraps."""
-    if pa.types.is_float64(col.type):
-        return col
-    return pc.cast(col, pa.float64(), safe=not pa.types.is_integer(col.type))
 
 
 def _float_type(owner: Transform, dtype: str) -> pa.DataType:

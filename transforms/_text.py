@@ -6,6 +6,7 @@ import dataclasses
 import hashlib
 import itertools
 import threading
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -56,23 +57,38 @@ def _stamp(r) -> tuple[Any, Any]:
     return size_generation(r, r.path, r.fs.info(r.path))
 
 
-def load_hf_tokenizer(uri: str):
+def load_hf_tokenizer(uri: str, *, sha256: str | None = None):
     """A ``tokenizers.Tokenizer`` from a ``tokenizer.json`` path or gs:// URI.
 
     Fetches the file's bytes through :func:`slicefeed.connectors.resolve_filesystem`
-    (the only storage access in transforms). Each call checks the file's size
-    and generation (GCS) or modification time (local): while they are the ones
-    last seen, the tokenizer parsed from those bytes is returned (per process,
-    so each Ray worker parses a file once); otherwise the bytes are read again
-    and the tokenizer is looked up by their SHA-256, so a replaced file is
-    never tokenized with the tokenizer of its former content.
+    (the only storage access in transforms). Tokenizers are kept per process
+    (so each Ray worker parses a file once) by the SHA-256 of those bytes.
+
+    Without ``sha256``, each call checks the file's size and generation (GCS)
+    or modification time (local): while they are the ones last seen, the
+    tokenizer parsed from those bytes is returned; otherwise the bytes are read
+    again, so a replaced file is never tokenized with the tokenizer of its
+    former content.
+
+    With ``sha256`` (the digest a pipeline run's fingerprint records for the
+    file, bound by :meth:`Tokenize.with_file_digests`), the tokenizer of exactly
+    that content: a process that holds it answers without touching storage;
+    one that does not reads the file and refuses it if its bytes are no longer
+    that content.
 
     Raises:
         FileNotFoundError: naming the URI.
         ValueError: if the file is not a valid tokenizer.json.
+        RuntimeError: with ``sha256``, the file's content is another one (it
+            changed after the run was planned).
     """
     from slicefeed.connectors import resolve_filesystem
 
+    if sha256 is not None:
+        with _CACHE_LOCK:
+            tok = _BY_DIGEST.get(sha256)
+        if tok is not None:
+            return tok
     r = resolve_filesystem(uri)
     try:
         stamp = _stamp(r)
@@ -80,7 +96,7 @@ def load_hf_tokenizer(uri: str):
         stamp = None  # reported by the read below
     with _CACHE_LOCK:
         seen = _STAMPS.get(uri)
-        if stamp is not None and seen is not None and seen[0] == stamp:
+        if sha256 is None and stamp is not None and seen is not None and seen[0] == stamp:
             tok = _BY_DIGEST.get(seen[1])
             if tok is not None:
                 return tok
@@ -105,6 +121,13 @@ def load_hf_tokenizer(uri: str):
             "gs:// URI of a Hugging Face tokenizer.json, or tokenizer: bytes for the built-in one."
         ) from None
     digest = hashlib.sha256(data).hexdigest()
+    if sha256 is not None and digest != sha256:
+        raise RuntimeError(
+            f"Tokenize: tokenizer file {printable(uri, 200)} changed after the run was planned "
+            f"(its SHA-256 is now {digest[:16]}..., the run's fingerprint records "
+            f"{printable(sha256, 16)}...); nothing of this run is committed. Run the pipeline "
+            "again once the file is final: the new run fingerprints its current content."
+        )
     with _CACHE_LOCK:
         tok = _BY_DIGEST.get(digest)
     if tok is None:
@@ -225,6 +248,23 @@ class Tokenize(Transform):
     def is_bytes(self) -> bool:
         return self.tokenizer == "bytes"
 
+    def with_file_digests(self, digests: Mapping[str, str]) -> Tokenize:
+        """A copy that tokenizes with the ``tokenizer.json`` content of SHA-256
+        ``digests[tokenizer]`` (see :func:`load_hf_tokenizer`): no file check per
+        batch. The digest stays out of :meth:`to_spec`, ``repr`` and equality."""
+        digest = None if self.is_bytes else digests.get(self.tokenizer)
+        if digest is None:
+            return self
+        new = dataclasses.replace(self)
+        object.__setattr__(new, "_sha256", digest)
+        return new
+
+    def _tokenizer(self):
+        """The tokenizer.json's tokenizer (None for ``bytes``), of the bound content if any."""
+        if self.is_bytes:
+            return None
+        return load_hf_tokenizer(self.tokenizer, sha256=getattr(self, "_sha256", None))
+
     def _special(self, tok, which: str) -> int | None:
         want = self.add_bos if which == "bos" else self.add_eos
         if not want:
@@ -256,11 +296,11 @@ class Tokenize(Transform):
         """Vocabulary size (loads the tokenizer.json if one is used)."""
         if self.is_bytes:
             return BYTE_VOCAB_SIZE
-        return int(load_hf_tokenizer(self.tokenizer).get_vocab_size(with_added_tokens=True))
+        return int(self._tokenizer().get_vocab_size(with_added_tokens=True))
 
     def output_schema(self, schema: pa.Schema) -> pa.Schema:
         self._require(schema, self.column, kinds=("string", "binary"))
-        tok = None if self.is_bytes else load_hf_tokenizer(self.tokenizer)
+        tok = self._tokenizer()
         self._special(tok, "bos")
         self._special(tok, "eos")
         field = pa.field(self.output, pa.list_(pa.int32()))
@@ -290,8 +330,9 @@ class Tokenize(Transform):
         arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
         arr, bad, reasons = self._utf8(arr)
         valid = ~bad
-        # One tokenizer for the whole batch (one file check per batch).
-        tok = None if self.is_bytes else load_hf_tokenizer(self.tokenizer)
+        # One tokenizer for the whole batch: one file check per batch, none once
+        # bound to the digest of a run's fingerprint.
+        tok = self._tokenizer()
         if self.is_bytes:
             values, offsets, _ = list_parts(arr)
             values = values.astype(np.int32) + BYTE_OFFSET

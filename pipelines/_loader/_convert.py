@@ -54,6 +54,7 @@ import pyarrow as pa
 from slicefeed.connectors import MissingColumnError, SpecError, _compat
 from slicefeed.connectors._errors import printable, short_repr
 from slicefeed.transforms import is_bfloat16_field
+from slicefeed.transforms._arrays import leaf_type, storage_type
 
 MASK_KEY = "mask"
 
@@ -111,10 +112,6 @@ def _float_max(dt: np.dtype) -> float:
     return float(ml_dtypes.finfo(dt).max)
 
 
-def _storage_of(t: pa.DataType) -> pa.DataType:
-    return t.storage_type if isinstance(t, pa.BaseExtensionType) else t
-
-
 def _tensor_shape(t: pa.DataType) -> tuple[int, ...] | None:
     """The per-row shape of a fixed-shape tensor extension type, else None."""
     if isinstance(t, pa.FixedShapeTensorType):
@@ -124,13 +121,6 @@ def _tensor_shape(t: pa.DataType) -> tuple[int, ...] | None:
             and all(isinstance(d, int) and d >= 0 for d in shape)):
         return shape
     return None
-
-
-def _leaf_type(t: pa.DataType) -> pa.DataType:
-    t = _storage_of(t)
-    while pa.types.is_fixed_size_list(t) or pa.types.is_list(t) or pa.types.is_large_list(t):
-        t = _storage_of(t.value_type)
-    return t
 
 
 def _is_numeric(t: pa.DataType) -> bool:
@@ -264,8 +254,8 @@ def plan_columns(
                 f"this process could not register (importing ray.data failed), so only "
                 f"its storage {t} is known; make ray.data importable, or exclude it."
             )
-        storage = _storage_of(t)
-        leaf = _leaf_type(t)
+        storage = storage_type(t)
+        leaf = leaf_type(t)
         if (
             pa.types.is_string(leaf)
             or pa.types.is_large_string(leaf)
@@ -330,7 +320,7 @@ def plan_columns(
             tt = storage
             while pa.types.is_fixed_size_list(tt):
                 shape.append(tt.list_size)
-                tt = _storage_of(tt.value_type)
+                tt = storage_type(tt.value_type)
             if not _is_numeric(tt):
                 raise SpecError(
                     f"JaxLoader: column {c!r} ({t}) mixes fixed- and variable-length "
@@ -341,7 +331,7 @@ def plan_columns(
             )
             continue
         if pa.types.is_list(storage) or pa.types.is_large_list(storage):
-            if not _is_numeric(_storage_of(storage.value_type)):
+            if not _is_numeric(storage_type(storage.value_type)):
                 raise SpecError(
                     f"JaxLoader: column {c!r} ({t}) is a nested variable-length list; only "
                     f"one level of list<number> can be padded. Flatten or pad it first."

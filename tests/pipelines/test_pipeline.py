@@ -207,13 +207,22 @@ def test_rerun_decided_from_listing_files_and_format_version(ray_cluster, base_u
 def test_rows_removed_by_deduplicate_are_counted_as_filtered(ray_cluster, local_dir):
     """deduplicate is a dataset-level op, not a batch stage: its removed rows are
     reported in filtered_by under its name and in rows_filtered, so the report's
-    identity holds with and without packing after it."""
+    identity holds with and without packing after it, and with deduplicate first,
+    last and twice in a row (its rows are counted by the stages next to it)."""
     import os
 
     raw = os.path.join(local_dir, "raw")
     os.makedirs(raw)
     with open(os.path.join(raw, "a.jsonl"), "w") as f:
-        f.writelines(json.dumps({"id": i, "text": f"doc{i % 20}"}) + "\n" for i in range(60))
+        f.writelines(json.dumps({"id": i, "text": f"doc{i % 20}", "g": i % 4}) + "\n"
+                     for i in range(60))
+    spec = {"name": "dedup2", "source": {"format": "jsonl", "uri": raw},
+            "transforms": [{"deduplicate": {"columns": ["text"]}},
+                           {"deduplicate": {"columns": ["g"]}}],
+            "sink": {"format": "parquet", "uri": os.path.join(local_dir, "out2")}}
+    r = Pipeline(spec).run()
+    assert (r.rows_read, r.rows_written, r.rows_filtered) == (60, 4, 56)
+    assert r.filtered_by == {"deduplicate": 56}, r.filtered_by
     for packed in (False, True):
         transforms = [{"filter": {"expr": "id >= 5"}}, {"deduplicate": {"columns": ["text"]}},
                       {"tokenize": {"column": "text", "tokenizer": "bytes"}}]

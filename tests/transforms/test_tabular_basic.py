@@ -243,6 +243,21 @@ def test_cast_string_to_float_overflow_is_a_bad_row():
     assert got[:2] == [float("inf"), float("-inf")] and np.isnan(got[2]) and got[3:] == [3.5, None]
 
 
+def test_cast_extension_column_keeps_its_infinities():
+    """A column of an extension type is cast through its storage, and its own
+    infinities stay infinite (they were marked as overflows), in a float
+    storage and in text (a JSON column)."""
+    floats = pa.ExtensionArray.from_storage(pa.opaque(pa.float64(), "reading", "lab"),
+                                            pa.array([1.5, float("inf"), 1e300, None]))
+    texts = pa.ExtensionArray.from_storage(pa.json_(pa.string()),
+                                           pa.array(["1.5", "-Infinity", "1e300", None]))
+    for col in (floats, texts):
+        good, bad = split_errors(Cast({"c": "float32"})(_rows(col)))
+        assert bad.column(PROVENANCE_ROW).to_pylist() == [2]
+        assert "overflows float32" in bad.column(ERROR_COLUMN)[0].as_py()
+        assert [abs(v) if v else v for v in good.column("c").to_pylist()] == [1.5, float("inf"), None]
+
+
 def test_cast_schema_errors():
     with pytest.raises(SpecError, match=r"Cast: column 'nope' not found; available: id, text"):
         Cast({"nope": "int32"}).output_schema(_table().schema)

@@ -193,6 +193,40 @@ def test_replaced_tokenizer_file_is_read_again(where, tmp_path, request):
     assert out.column("tokens").to_pylist() == [[17]]
 
 
+def test_tokenize_bound_to_a_digest_uses_that_content_and_refuses_another(tmp_path):
+    """A pipeline run binds the tokenizer.json's digest from its fingerprint:
+    batches then tokenize with that content without checking the file (it may
+    even be gone), and a process that must read the file refuses content that
+    changed after the run was planned."""
+    import hashlib
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    path = str(tmp_path / "tokenizer.json")
+
+    def save(vocab) -> str:
+        tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        data = tok.to_str().encode()
+        with open(path, "wb") as f:
+            f.write(data)
+        return hashlib.sha256(data).hexdigest()
+
+    table = pa.table({"text": ["bound"]})
+    planned = save({"[UNK]": 0, "bound": 41})
+    t = Tokenize(tokenizer=path).with_file_digests({path: planned, "other.json": "0" * 64})
+    assert t == Tokenize(tokenizer=path) and t.to_spec() == Tokenize(tokenizer=path).to_spec()
+    assert t(table).column("tokens").to_pylist() == [[41]]
+    (tmp_path / "tokenizer.json").unlink()  # no storage access per batch
+    assert t(table).column("tokens").to_pylist() == [[41]]
+    # Planned, then changed before this process read it: refused.
+    planned = save({"[UNK]": 0, "bound": 42, "planned": 1})
+    save({"[UNK]": 0, "bound": 43})
+    with pytest.raises(RuntimeError, match=r"tokenizer\.json changed after the run was planned"):
+        Tokenize(tokenizer=path).with_file_digests({path: planned})(table)
+    assert Tokenize(tokenizer=path)(table).column("tokens").to_pylist() == [[43]]  # unbound
+
+
 def test_hf_special_tokens_must_exist(gs_tokenizer):
     with pytest.raises(SpecError, match=r"add_bos: true needs bos_token"):
         Tokenize(tokenizer=gs_tokenizer, add_bos=True).output_schema(_table().schema)
