@@ -52,7 +52,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Collection, Container, Mapping, Sequence
 from typing import Any
 
 import jsonschema
@@ -735,21 +735,37 @@ def fingerprint(spec: Mapping[str, Any], *, folders: Container[str] = ()) -> str
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def listed_fingerprint(spec: PipelineSpec, listed: Container[str]) -> str:
+def _path_key(uri: str) -> str:
+    """``uri`` without its protocol and outer ``/``: the listing writes some
+    protocols' paths with a leading ``/`` (``memory:///a``) that the spec's
+    URI may not have (``memory://a``)."""
+    return uri.split("://", 1)[-1].strip("/")
+
+
+def listed_fingerprint(spec: PipelineSpec, listed: Collection[str]) -> str:
     """``spec.fingerprint``, checked against the input listing (``listed``: the
     listed files' URIs): a source URI named like a file of its format's suffix
     (``in/a.csv``) that is not listed as a file is a folder so named, whose
     files' own names decide their name-dependent options (a ``.tsv`` inside is
-    read with tabs), so they are not filled in from the URI's name."""
+    read with tabs), so they are not filled in from the URI's name. A URI with
+    glob characters is such a folder when listed files lie under it (a path
+    that exists is read as written, not as a glob: ``in/[x].tsv`` may be a
+    folder holding ``a.csv``); else it is a glob, whose matches are files
+    named like it."""
     from slicefeed.connectors._fs import canonical_uri, has_glob
 
     folders = set()
     for src in spec.sources:
         fmt = FORMATS.get(src.format)
         uri = canonical_uri(src.uri)
-        if (fmt is not None and fmt.suffix_options and _names_fixed_by(fmt, uri)
-                and not has_glob(uri) and uri not in listed):
-            folders.add(uri)
+        if (fmt is None or not fmt.suffix_options or not _names_fixed_by(fmt, uri)
+                or uri in listed):
+            continue
+        if has_glob(uri):
+            base = _path_key(uri) + "/"
+            if not any(_path_key(f).startswith(base) for f in listed):
+                continue
+        folders.add(uri)
     return fingerprint(spec.raw, folders=folders) if folders else spec.fingerprint
 
 

@@ -473,3 +473,32 @@ def test_csv_delimiter_written_out_is_the_default_only_where_the_names_are_known
     assert spec_part(one) == spec_part(one, delimiter=",") != spec_part(one, delimiter=";")
     assert spec_part(folder) != spec_part(folder, delimiter=",")
     assert spec_part(folder) == spec_part(folder + "/")
+
+
+def test_csv_delimiter_over_a_folder_named_with_glob_characters(local_dir):
+    """A URI with glob characters that names an existing folder is read as that
+    folder (``expand_paths``: a path that exists is not a glob), so its files'
+    own names choose the delimiter: over a folder ``[x].tsv`` holding ``a.csv``,
+    the file is read with commas, and ``delimiter: "\\t"`` reads it otherwise:
+    another pipeline. A glob ``*.tsv``, whose matches are all ``.tsv`` files,
+    still has the tab written out as its default."""
+    import os
+
+    from slicefeed.pipelines import Pipeline
+
+    folder = os.path.join(local_dir, "[x].tsv")
+    os.makedirs(folder)
+    with open(os.path.join(folder, "a.csv"), "w") as f:
+        f.write("a,b\n1,2\n")
+    with open(os.path.join(local_dir, "b.tsv"), "w") as f:
+        f.write("a\tb\n1\t2\n")
+
+    def spec_part(uri, **options):
+        spec = {"name": "csv", "source": {"format": "csv", "uri": uri, "options": options},
+                "sink": {"format": "parquet", "uri": os.path.join(local_dir, "out")}}
+        return Pipeline(spec).fingerprint_parts()[0]["spec"]
+
+    assert spec_part(folder) != spec_part(folder, delimiter="\t")
+    assert spec_part(folder) == spec_part(folder + "/")
+    pattern = os.path.join(local_dir, "*.tsv")
+    assert spec_part(pattern) == spec_part(pattern, delimiter="\t") != spec_part(pattern, delimiter=",")
