@@ -731,8 +731,12 @@ def fingerprint(spec: Mapping[str, Any], *, folders: Container[str] = ()) -> str
     a written value gives another. The sink and storage credentials are left
     out, so the same pipeline written to another place has the same fingerprint.
     """
-    doc = canonical_spec(spec, folders=folders)
-    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+    from slicefeed.transforms._registry import json_form
+
+    # json_form: a YAML timestamp is not the string that prints it (fill_null
+    # writes them differently), nor is a key 1 the key "1".
+    doc = json_form(canonical_spec(spec, folders=folders))
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
 def _path_key(uri: str) -> str:
@@ -775,6 +779,11 @@ def written_fingerprint(spec: Mapping[str, Any]) -> str:
 
     Only to recognise a dataset such a slicefeed committed (its fingerprint
     parts have no ``spec_form``; see :mod:`slicefeed.pipelines._rerun`).
+    Returns ``""`` (which no digest equals) for a spec holding a value JSON has
+    no type for (a YAML date or timestamp, bytes, a set) or a mapping key that
+    is not a string: that digest wrote them as text, so it cannot tell
+    ``2024-01-01 10:00:00`` from ``"2024-01-01 10:00:00"``, which can write
+    other values.
     """
     def strip(src: Mapping[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in src.items() if k != "storage"}
@@ -786,7 +795,18 @@ def written_fingerprint(spec: Mapping[str, Any]) -> str:
         "on_error": spec.get("on_error", "fail"),
         "max_error_fraction": spec.get("max_error_fraction", 0.0),
     }
+    if not _plain_json(doc):
+        return ""
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _plain_json(value: Any) -> bool:
+    """Whether ``value`` holds only JSON's types (string keys)."""
+    if isinstance(value, Mapping):
+        return all(isinstance(k, str) and _plain_json(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return all(_plain_json(v) for v in value)
+    return value is None or isinstance(value, (str, int, float))
 
 
 # ``{date}``, ``{datetime}``, ``{env:NAME}`` in source and sink URIs.

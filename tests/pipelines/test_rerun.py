@@ -502,3 +502,43 @@ def test_csv_delimiter_over_a_folder_named_with_glob_characters(local_dir):
     assert spec_part(folder) == spec_part(folder + "/")
     pattern = os.path.join(local_dir, "*.tsv")
     assert spec_part(pattern) == spec_part(pattern, delimiter="\t") != spec_part(pattern, delimiter=",")
+
+
+def test_dataset_committed_before_specs_were_normalised_with_a_timestamp(local_dir):
+    """The spec digest of an earlier slicefeed wrote a YAML timestamp as the text a
+    string has, so a dataset it committed from ``fill_null`` with the string cannot
+    be told from one with the timestamp (which writes another value): the rerun is
+    refused, not "nothing to do"."""
+    import os
+
+    from slicefeed.connectors import read_manifest
+    from slicefeed.connectors._manifest import version_name
+    from slicefeed.pipelines import Pipeline
+    from slicefeed.pipelines._rerun import PARTS_KEY
+    from slicefeed.pipelines._spec import safe_load_yaml
+    from tests.pipelines._data import write_committed
+
+    raw, out = os.path.join(local_dir, "raw"), os.path.join(local_dir, "out")
+    os.makedirs(raw)
+    with open(os.path.join(raw, "a.txt"), "w") as f:
+        f.write("a\n")
+
+    def spec(value: str) -> dict:
+        return {"name": "old", "source": {"format": "text", "uri": raw},
+                "transforms": safe_load_yaml(f"[fill_null: {{values: {{text: {value}}}}}]"),
+                "sink": {"format": "parquet", "uri": out}}
+
+    text, stamp = spec("'2024-01-01 10:00:00'"), spec("2024-01-01 10:00:00")
+    write_committed(out, [1])
+    parts, inputs = Pipeline(text).fingerprint_parts()
+    old_parts = {"spec": _as_written_fingerprint(text), "inputs": parts["inputs"],
+                 "files": parts["files"], "format_version": parts["format_version"]}
+    m = read_manifest(out)
+    legacy = dataclasses.replace(m, fingerprint=combine(old_parts), inputs=inputs,
+                                 metadata={"pipeline": "old", PARTS_KEY: old_parts})
+    with open(os.path.join(out, version_name(1)), "w") as f:
+        f.write(legacy.to_json())
+
+    assert Pipeline(text).decide().status == "already_committed"
+    with pytest.raises(AlreadyCommittedError, match="YAML date or timestamp"):
+        Pipeline(stamp).decide()

@@ -166,6 +166,29 @@ def test_fingerprint_tells_apart_what_can_change_a_value(a, b):
     assert _fp(**a) != _fp(**b)
 
 
+def test_fingerprint_tells_a_yaml_timestamp_from_the_string_that_prints_it():
+    """YAML reads ``2024-01-01 10:00:00`` unquoted as a timestamp and quoted as a
+    string, and fill_null writes them differently into a string column, so the
+    two specs are two pipelines (their JSON text was the same). A mapping key
+    that is not a string is fingerprinted, not a crash."""
+    import pyarrow as pa
+
+    from slicefeed.pipelines._spec import safe_load_yaml
+    from slicefeed.transforms import transform_from_spec
+
+    def spec(value: str) -> dict:
+        return _with(transforms=safe_load_yaml(f"[fill_null: {{values: {{t: {value}}}}}]"))
+
+    stamp, text = spec("2024-01-01 10:00:00"), spec("'2024-01-01 10:00:00'")
+    table = pa.table({"t": pa.array([None], pa.string())})
+    written = [transform_from_spec(s["transforms"][0])(table)["t"][0].as_py() for s in (stamp, text)]
+    assert written[0] != written[1]
+    assert fingerprint(validate_spec(stamp)) != fingerprint(validate_spec(text))
+    assert fingerprint(validate_spec(spec("!!binary aGk="))) != fingerprint(validate_spec(spec("\"b'hi'\"")))
+    keys = [fingerprint(validate_spec(spec(v))) for v in ("{1: 2, b: 3}", "{'1': 2, b: 3}")]
+    assert keys[0] != keys[1]
+
+
 def test_decode_image_exif_orientation_is_checked_and_in_the_fingerprint():
     """exif_orientation changes pixel values, so it is part of the fingerprint; a spec
     that does not name it keeps its fingerprint (and its output: the default is
