@@ -202,6 +202,16 @@ def test_filter_fingerprint_form_is_the_same_on_every_python_version():
         "Compare(left=Name(id='x', ctx=Load()), ops=[In()], comparators=[List(ctx=Load())])")
 
 
+def test_scaler_statistic_beyond_float_range_is_a_spec_error():
+    """A min/max (or mean/std) given as an integer float64 cannot hold is refused
+    naming the argument and column, not an OverflowError out of validate_spec."""
+    spec = _with(transforms=[{"min_max_scale": {"columns": ["a"], "min": {"a": 10**400},
+                                                "max": {"a": 1}}}])
+    with pytest.raises(SpecError, match=r"transforms.0: MinMaxScale: min for column 'a' must be a "
+                                        r"finite number; got an integer of 1329 bits"):
+        validate_spec(spec)
+
+
 def test_decode_image_exif_orientation_is_checked_and_in_the_fingerprint():
     """exif_orientation changes pixel values, so it is part of the fingerprint; a spec
     that does not name it keeps its fingerprint (and its output: the default is
