@@ -212,6 +212,15 @@ def test_scaler_statistic_beyond_float_range_is_a_spec_error():
         validate_spec(spec)
 
 
+@pytest.mark.parametrize("salt", [None, 2024, True])
+def test_hash_bucket_salt_that_is_not_a_string_is_a_spec_error(salt):
+    """YAML reads ``salt:`` as null and ``salt: 2024`` as a number; validate_spec
+    accepted them and every batch then failed inside a worker (a str + int)."""
+    spec = _with(transforms=[{"hash_bucket": {"column": "a", "num_buckets": 4, "salt": salt}}])
+    with pytest.raises(SpecError, match=r"transforms.0: HashBucket: salt must be a string; got "):
+        validate_spec(spec)
+
+
 def test_decode_image_exif_orientation_is_checked_and_in_the_fingerprint():
     """exif_orientation changes pixel values, so it is part of the fingerprint; a spec
     that does not name it keeps its fingerprint (and its output: the default is
