@@ -724,7 +724,9 @@ def canonical_spec(spec: Mapping[str, Any], *, folders: Container[str] = ()) -> 
 
 
 def fingerprint(spec: Mapping[str, Any], *, folders: Container[str] = ()) -> str:
-    """SHA-256 of what determines the output: the spec's :func:`canonical_spec`.
+    """SHA-256 of what determines the output: the spec's :func:`canonical_spec`,
+    as JSON that keeps YAML's types apart
+    (:func:`~slicefeed.transforms._registry.json_form`).
 
     Two specs that mean the same (a trailing slash, spaces in an expression, a
     default written out) have one fingerprint; any difference that can change
@@ -733,8 +735,8 @@ def fingerprint(spec: Mapping[str, Any], *, folders: Container[str] = ()) -> str
     """
     from slicefeed.transforms._registry import json_form
 
-    # json_form: a YAML timestamp is not the string that prints it (fill_null
-    # writes them differently), nor is a key 1 the key "1".
+    # A YAML timestamp is not the string that prints it (fill_null writes them
+    # differently), nor is a key 1 the key "1".
     doc = json_form(canonical_spec(spec, folders=folders))
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
