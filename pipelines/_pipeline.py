@@ -1204,8 +1204,10 @@ class Pipeline:
                 + (", or by this one written differently: it was committed by an earlier "
                    "slicefeed, which compared specs as written, so a spec that differs from "
                    "the committed one only in how it is written (spaces in an expression, a "
-                   "trailing slash, a default written out) is not recognised there. Run the "
-                   "spec as it was written then, or pass --overwrite (Pipeline.run("
+                   "trailing slash, a default written out) is not recognised there, nor is "
+                   "a spec holding a YAML date or timestamp (recorded there as the text "
+                   "that a string with other values also has). Run the spec as it was "
+                   "written then, or pass --overwrite (Pipeline.run("
                    "overwrite=True)) to recompute it once (later reruns compare specs by "
                    "what they mean), or change sink.uri." if written else
                    ". Pass --overwrite (Pipeline.run(overwrite=True)) to replace it, or "

@@ -52,7 +52,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Collection, Container, Mapping, Sequence
 from typing import Any
 
 import jsonschema
@@ -724,32 +724,54 @@ def canonical_spec(spec: Mapping[str, Any], *, folders: Container[str] = ()) -> 
 
 
 def fingerprint(spec: Mapping[str, Any], *, folders: Container[str] = ()) -> str:
-    """SHA-256 of what determines the output: the spec's :func:`canonical_spec`.
+    """SHA-256 of what determines the output: the spec's :func:`canonical_spec`,
+    as JSON that keeps YAML's types apart
+    (:func:`~slicefeed.transforms._registry.json_form`).
 
     Two specs that mean the same (a trailing slash, spaces in an expression, a
     default written out) have one fingerprint; any difference that can change
     a written value gives another. The sink and storage credentials are left
     out, so the same pipeline written to another place has the same fingerprint.
     """
-    doc = canonical_spec(spec, folders=folders)
-    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+    from slicefeed.transforms._registry import json_form
+
+    # A YAML timestamp is not the string that prints it (fill_null writes them
+    # differently), nor is a key 1 the key "1".
+    doc = json_form(canonical_spec(spec, folders=folders))
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
-def listed_fingerprint(spec: PipelineSpec, listed: Container[str]) -> str:
+def _path_key(uri: str) -> str:
+    """``uri`` without its protocol and outer ``/``: the listing writes some
+    protocols' paths with a leading ``/`` (``memory:///a``) that the spec's
+    URI may not have (``memory://a``)."""
+    return uri.split("://", 1)[-1].strip("/")
+
+
+def listed_fingerprint(spec: PipelineSpec, listed: Collection[str]) -> str:
     """``spec.fingerprint``, checked against the input listing (``listed``: the
     listed files' URIs): a source URI named like a file of its format's suffix
     (``in/a.csv``) that is not listed as a file is a folder so named, whose
     files' own names decide their name-dependent options (a ``.tsv`` inside is
-    read with tabs), so they are not filled in from the URI's name."""
+    read with tabs), so they are not filled in from the URI's name. A URI with
+    glob characters is such a folder when listed files lie under it (a path
+    that exists is read as written, not as a glob: ``in/[x].tsv`` may be a
+    folder holding ``a.csv``); else it is a glob, whose matches are files
+    named like it."""
     from slicefeed.connectors._fs import canonical_uri, has_glob
 
     folders = set()
     for src in spec.sources:
         fmt = FORMATS.get(src.format)
         uri = canonical_uri(src.uri)
-        if (fmt is not None and fmt.suffix_options and _names_fixed_by(fmt, uri)
-                and not has_glob(uri) and uri not in listed):
-            folders.add(uri)
+        if (fmt is None or not fmt.suffix_options or not _names_fixed_by(fmt, uri)
+                or uri in listed):
+            continue
+        if has_glob(uri):
+            base = _path_key(uri) + "/"
+            if not any(_path_key(f).startswith(base) for f in listed):
+                continue
+        folders.add(uri)
     return fingerprint(spec.raw, folders=folders) if folders else spec.fingerprint
 
 
@@ -759,6 +781,11 @@ def written_fingerprint(spec: Mapping[str, Any]) -> str:
 
     Only to recognise a dataset such a slicefeed committed (its fingerprint
     parts have no ``spec_form``; see :mod:`slicefeed.pipelines._rerun`).
+    Returns ``""`` (which no digest equals) for a spec holding a value JSON has
+    no type for (a YAML date or timestamp, bytes, a set) or a mapping key that
+    is not a string: that digest wrote them as text, so it cannot tell
+    ``2024-01-01 10:00:00`` from ``"2024-01-01 10:00:00"``, which can write
+    other values.
     """
     def strip(src: Mapping[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in src.items() if k != "storage"}
@@ -770,7 +797,18 @@ def written_fingerprint(spec: Mapping[str, Any]) -> str:
         "on_error": spec.get("on_error", "fail"),
         "max_error_fraction": spec.get("max_error_fraction", 0.0),
     }
+    if not _plain_json(doc):
+        return ""
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _plain_json(value: Any) -> bool:
+    """Whether ``value`` holds only JSON's types (string keys)."""
+    if isinstance(value, Mapping):
+        return all(isinstance(k, str) and _plain_json(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return all(_plain_json(v) for v in value)
+    return value is None or isinstance(value, (str, int, float))
 
 
 # ``{date}``, ``{datetime}``, ``{env:NAME}`` in source and sink URIs.

@@ -41,7 +41,14 @@ from slicefeed.connectors import (
     short_repr,
 )
 from slicefeed.transforms._arrays import is_tensor
-from slicefeed.transforms._registry import default_of, field_types, plain, register, typed
+from slicefeed.transforms._registry import (
+    default_of,
+    field_types,
+    json_form,
+    plain,
+    register,
+    typed,
+)
 
 if typing.TYPE_CHECKING:  # pragma: no cover
     import ray.data
@@ -214,7 +221,7 @@ class Transform:
         hints = field_types(type(self))
 
         def form(v: Any, name: str) -> str:
-            return json.dumps(typed(v, hints.get(name)), sort_keys=True, default=repr)
+            return json.dumps(json_form(typed(v, hints.get(name))), sort_keys=True)
 
         args = {}
         for f in dataclasses.fields(self):

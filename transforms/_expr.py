@@ -346,18 +346,33 @@ def canonical_expression(text: str) -> str:
     """The parsed form of an expression: equal for two texts that differ only in
     spacing, parentheses or quoting (``x>1``, ``( x > 1 )``), else different.
 
-    ``ast.dump`` of the syntax tree, without positions. Column names are taken
-    as written, as the compiler takes them (Python folds identifiers to NFKC,
-    which would make the ligature ``\ufb01`` and ``fi`` one name). Literals
-    keep their type (``1`` and ``1.0`` are different expressions). The text
-    must be one :func:`compile_expression` accepts.
+    The syntax tree written as ``ast.dump`` writes it, without positions and
+    without fields that are None or empty lists, on every Python version
+    (``ast.dump`` itself leaves out empty lists from Python 3.13 on, which
+    would change the fingerprint of ``is_null(x)`` with the interpreter).
+    Column names are taken as written, as the compiler takes them (Python
+    folds identifiers to NFKC, which would make the ligature ``\ufb01`` and
+    ``fi`` one name). Literals keep their type (``1`` and ``1.0`` are
+    different expressions). The text must be one :func:`compile_expression`
+    accepts (its depth is bounded there).
     """
     stripped = text.strip()
     tree = ast.parse(stripped, mode="eval")
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):
             node.id = ast.get_source_segment(stripped, node) or node.id
-    return ast.dump(tree.body)
+    return _dump(tree.body)
+
+
+def _dump(node: Any) -> str:
+    """``ast.dump(node)`` of Python 3.13 (None and empty-list fields left out)."""
+    if isinstance(node, list):
+        return "[" + ", ".join(_dump(x) for x in node) + "]"
+    if not isinstance(node, ast.AST):
+        return repr(node)
+    fields = [(name, getattr(node, name, None)) for name in node._fields]
+    return f"{type(node).__name__}(" + ", ".join(
+        f"{name}={_dump(v)}" for name, v in fields if v is not None and v != []) + ")"
 
 
 # -- row-level errors ---------------------------------------------------------------

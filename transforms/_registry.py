@@ -9,6 +9,8 @@ the transform, the argument and the allowed arguments.
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import json
 import re
 import types
 import typing
@@ -86,6 +88,41 @@ def typed(v: Any, hint: Any) -> Any:
     if origin is dict and isinstance(v, Mapping) and len(args) == 2:
         return {k: typed(x, args[1]) for k, x in v.items()}
     return plain(v)
+
+
+def json_form(value: Any) -> Any:
+    """``value`` as JSON values that keep apart what a YAML spec keeps apart, for
+    a fingerprint: ``json.dumps`` would write a value JSON has no type for (a
+    YAML date or timestamp, ``!!binary`` bytes, a ``!!set``) as text equal to
+    a string's, and a mapping key that is not a string (``1``) as that string.
+
+    Such a value becomes ``{"$": [type name, its text]}`` and such a key
+    ``"$<type name>:<repr>"``; a string key that starts with ``$`` gets another
+    ``$``, so no mapping in a spec takes either form. Other values keep their
+    form (tuples as lists), so a spec without any of these is unchanged.
+    """
+    if isinstance(value, Mapping):
+        out = {}
+        for k, v in value.items():
+            if isinstance(k, str):
+                key = "$" + k if k.startswith("$") else k
+            else:
+                key = f"${type(k).__name__}:{k!r}"
+            out[key] = json_form(v)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [json_form(v) for v in value]
+    if value is None or isinstance(value, (str, int, float)):
+        return value
+    if isinstance(value, (set, frozenset)):
+        text: Any = sorted(json.dumps(json_form(v), sort_keys=True) for v in value)
+    elif isinstance(value, (datetime.date, datetime.time)):
+        text = value.isoformat()
+    elif isinstance(value, (bytes, bytearray)):
+        text = bytes(value).hex()
+    else:
+        text = repr(value)
+    return {"$": [type(value).__name__, text]}
 
 
 def field_types(cls: type) -> dict[str, Any]:

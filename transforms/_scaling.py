@@ -58,7 +58,16 @@ class _FittedScaler(Transform):
                 missing = [c for c in self.columns if c not in v]
                 if missing:
                     raise self._spec_error(f"{k} has no value for column {short_repr(missing[0])}")
-                object.__setattr__(self, k, {c: float(v[c]) for c in self.columns})
+                object.__setattr__(self, k, {c: self._number(v[c], k, c) for c in self.columns})
+
+    def _number(self, value: Any, arg: str, column: str) -> float:
+        """A statistic given in the spec as a float (an integer beyond float64's
+        range is refused, naming the column, instead of overflowing)."""
+        try:
+            return float(value)
+        except OverflowError:
+            raise self._spec_error(f"{arg} for column {short_repr(column)} must be a finite number; "
+                                   f"got {short_repr(value)}") from None
 
     @property
     def is_fitted(self) -> bool:

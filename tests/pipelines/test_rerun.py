@@ -473,3 +473,72 @@ def test_csv_delimiter_written_out_is_the_default_only_where_the_names_are_known
     assert spec_part(one) == spec_part(one, delimiter=",") != spec_part(one, delimiter=";")
     assert spec_part(folder) != spec_part(folder, delimiter=",")
     assert spec_part(folder) == spec_part(folder + "/")
+
+
+def test_csv_delimiter_over_a_folder_named_with_glob_characters(local_dir):
+    """A URI with glob characters that names an existing folder is read as that
+    folder (``expand_paths``: a path that exists is not a glob), so its files'
+    own names choose the delimiter: over a folder ``[x].tsv`` holding ``a.csv``,
+    the file is read with commas, and ``delimiter: "\\t"`` reads it otherwise:
+    another pipeline. A glob ``*.tsv``, whose matches are all ``.tsv`` files,
+    still has the tab written out as its default."""
+    import os
+
+    from slicefeed.pipelines import Pipeline
+
+    folder = os.path.join(local_dir, "[x].tsv")
+    os.makedirs(folder)
+    with open(os.path.join(folder, "a.csv"), "w") as f:
+        f.write("a,b\n1,2\n")
+    with open(os.path.join(local_dir, "b.tsv"), "w") as f:
+        f.write("a\tb\n1\t2\n")
+
+    def spec_part(uri, **options):
+        spec = {"name": "csv", "source": {"format": "csv", "uri": uri, "options": options},
+                "sink": {"format": "parquet", "uri": os.path.join(local_dir, "out")}}
+        return Pipeline(spec).fingerprint_parts()[0]["spec"]
+
+    assert spec_part(folder) != spec_part(folder, delimiter="\t")
+    assert spec_part(folder) == spec_part(folder + "/")
+    pattern = os.path.join(local_dir, "*.tsv")
+    assert spec_part(pattern) == spec_part(pattern, delimiter="\t") != spec_part(pattern, delimiter=",")
+
+
+def test_dataset_committed_before_specs_were_normalised_with_a_timestamp(local_dir):
+    """The spec digest of an earlier slicefeed wrote a YAML timestamp as the text a
+    string has, so a dataset it committed from ``fill_null`` with the string cannot
+    be told from one with the timestamp (which writes another value): the rerun is
+    refused, not "nothing to do"."""
+    import os
+
+    from slicefeed.connectors import read_manifest
+    from slicefeed.connectors._manifest import version_name
+    from slicefeed.pipelines import Pipeline
+    from slicefeed.pipelines._rerun import PARTS_KEY
+    from slicefeed.pipelines._spec import safe_load_yaml
+    from tests.pipelines._data import write_committed
+
+    raw, out = os.path.join(local_dir, "raw"), os.path.join(local_dir, "out")
+    os.makedirs(raw)
+    with open(os.path.join(raw, "a.txt"), "w") as f:
+        f.write("a\n")
+
+    def spec(value: str) -> dict:
+        return {"name": "old", "source": {"format": "text", "uri": raw},
+                "transforms": safe_load_yaml(f"[fill_null: {{values: {{text: {value}}}}}]"),
+                "sink": {"format": "parquet", "uri": out}}
+
+    text, stamp = spec("'2024-01-01 10:00:00'"), spec("2024-01-01 10:00:00")
+    write_committed(out, [1])
+    parts, inputs = Pipeline(text).fingerprint_parts()
+    old_parts = {"spec": _as_written_fingerprint(text), "inputs": parts["inputs"],
+                 "files": parts["files"], "format_version": parts["format_version"]}
+    m = read_manifest(out)
+    legacy = dataclasses.replace(m, fingerprint=combine(old_parts), inputs=inputs,
+                                 metadata={"pipeline": "old", PARTS_KEY: old_parts})
+    with open(os.path.join(out, version_name(1)), "w") as f:
+        f.write(legacy.to_json())
+
+    assert Pipeline(text).decide().status == "already_committed"
+    with pytest.raises(AlreadyCommittedError, match="YAML date or timestamp"):
+        Pipeline(stamp).decide()

@@ -166,6 +166,61 @@ def test_fingerprint_tells_apart_what_can_change_a_value(a, b):
     assert _fp(**a) != _fp(**b)
 
 
+def test_fingerprint_tells_a_yaml_timestamp_from_the_string_that_prints_it():
+    """YAML reads ``2024-01-01 10:00:00`` unquoted as a timestamp and quoted as a
+    string, and fill_null writes them differently into a string column, so the
+    two specs are two pipelines (their JSON text was the same). A mapping key
+    that is not a string is fingerprinted, not a crash."""
+    import pyarrow as pa
+
+    from slicefeed.pipelines._spec import safe_load_yaml
+    from slicefeed.transforms import transform_from_spec
+
+    def spec(value: str) -> dict:
+        return _with(transforms=safe_load_yaml(f"[fill_null: {{values: {{t: {value}}}}}]"))
+
+    stamp, text = spec("2024-01-01 10:00:00"), spec("'2024-01-01 10:00:00'")
+    table = pa.table({"t": pa.array([None], pa.string())})
+    written = [transform_from_spec(s["transforms"][0])(table)["t"][0].as_py() for s in (stamp, text)]
+    assert written[0] != written[1]
+    assert fingerprint(validate_spec(stamp)) != fingerprint(validate_spec(text))
+    assert fingerprint(validate_spec(spec("!!binary aGk="))) != fingerprint(validate_spec(spec("\"b'hi'\"")))
+    keys = [fingerprint(validate_spec(spec(v))) for v in ("{1: 2, b: 3}", "{'1': 2, b: 3}")]
+    assert keys[0] != keys[1]
+
+
+def test_filter_fingerprint_form_is_the_same_on_every_python_version():
+    """A filter is fingerprinted by its syntax tree in one written form, pinned
+    here: ``ast.dump`` leaves out empty lists from Python 3.13 on, so its text
+    for ``is_null(x)`` changed with the interpreter, and a rerun after
+    upgrading Python was refused as another pipeline."""
+    from slicefeed.transforms._expr import canonical_expression
+
+    assert canonical_expression("is_null( x )") == (
+        "Call(func=Name(id='is_null', ctx=Load()), args=[Name(id='x', ctx=Load())])")
+    assert canonical_expression("x in []") == (
+        "Compare(left=Name(id='x', ctx=Load()), ops=[In()], comparators=[List(ctx=Load())])")
+
+
+def test_scaler_statistic_beyond_float_range_is_a_spec_error():
+    """A min/max (or mean/std) given as an integer float64 cannot hold is refused
+    naming the argument and column, not an OverflowError out of validate_spec."""
+    spec = _with(transforms=[{"min_max_scale": {"columns": ["a"], "min": {"a": 10**400},
+                                                "max": {"a": 1}}}])
+    with pytest.raises(SpecError, match=r"transforms.0: MinMaxScale: min for column 'a' must be a "
+                                        r"finite number; got an integer of 1329 bits"):
+        validate_spec(spec)
+
+
+@pytest.mark.parametrize("salt", [None, 2024, True])
+def test_hash_bucket_salt_that_is_not_a_string_is_a_spec_error(salt):
+    """YAML reads ``salt:`` as null and ``salt: 2024`` as a number; validate_spec
+    accepted them and every batch then failed inside a worker (a str + int)."""
+    spec = _with(transforms=[{"hash_bucket": {"column": "a", "num_buckets": 4, "salt": salt}}])
+    with pytest.raises(SpecError, match=r"transforms.0: HashBucket: salt must be a string; got "):
+        validate_spec(spec)
+
+
 def test_decode_image_exif_orientation_is_checked_and_in_the_fingerprint():
     """exif_orientation changes pixel values, so it is part of the fingerprint; a spec
     that does not name it keeps its fingerprint (and its output: the default is
