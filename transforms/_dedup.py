@@ -22,6 +22,11 @@ if TYPE_CHECKING:  # pragma: no cover
 #: The column :meth:`Deduplicate.dataset_op` groups by (a data column may not
 #: have this name; key columns may have any other).
 _HASH_COLUMN = "__sf_key"
+#: Buckets :meth:`Deduplicate.dataset_op` groups rows into by their key hash:
+#: each bucket is deduplicated by one call, so the Python calls per run are at
+#: most this many, not one per distinct key (millions, in text deduplication).
+#: Fixed, so a run's output order does not depend on the cluster.
+DEDUP_BUCKETS = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,9 +35,11 @@ class Deduplicate(Transform):
 
     A dataset-level operation (``is_dataset_op``): the pipeline calls
     ``ds = t.dataset_op(ds)``, which groups the whole dataset by the key
-    columns (Ray ``groupby().map_groups()``, a shuffle) and keeps, per key, the
-    row with the smallest (``_sf_file``, ``_sf_row``), so the survivor does not
-    depend on scheduling. Rows come out grouped by key. Called on a table
+    columns (Ray ``groupby().map_groups()`` over :data:`DEDUP_BUCKETS` buckets
+    of the key hash, a shuffle; each bucket deduplicated by one call) and keeps,
+    per key, the row with the smallest (``_sf_file``, ``_sf_row``), so the
+    survivor does not depend on scheduling. Rows come out by bucket, each
+    bucket's in (``_sf_file``, ``_sf_row``) order. Called on a table
     (``t(table)``), it deduplicates within that table only. Nulls are equal to
     each other for this purpose, and so are 0.0 and -0.0; NaN keys are equal
     when their bits are (every NaN arithmetic produces is the same one).
@@ -109,15 +116,17 @@ class Deduplicate(Transform):
 
         def add_key(batch: pa.Table) -> pa.Table:
             refuse(batch.column_names)
-            return batch.append_column(key, keys_hash(batch))
+            bucket = keys_hash(batch).to_numpy() % np.uint64(DEDUP_BUCKETS)
+            return batch.append_column(key, pa.array(bucket.astype(np.int64)))
 
         dedup = self
 
         def per_group(group: pa.Table) -> pa.Table:
             return dedup(group.drop_columns([key]))
 
-        # Group by a 64-bit hash of the keys (one scalar, nulls allowed); exact
-        # comparison of the real key columns happens within each group.
+        # Group by a bucket of a 64-bit hash of the keys (one scalar, nulls
+        # allowed); exact comparison of the real key columns happens within each
+        # bucket, so equal keys, which share a bucket, are always compared.
         keyed = tasks.map_batches(ds, add_key, what=f"transform {self.name} (hashing the keys)",
                                   batch_format="pyarrow")
         return tasks.map_groups(keyed.groupby("__sf_key"), per_group,
