@@ -45,6 +45,9 @@ class _FittedScaler(Transform):
     needs_fit: ClassVar[bool] = True
     #: The two statistic fields, e.g. ``("mean", "std")``.
     STATS: ClassVar[tuple[str, str]] = ("", "")
+    #: Whether :meth:`_fitted` reads the summary's mean and std (their exact
+    #: sums are most of a fit's cost; min and max alone are cheap).
+    MOMENTS: ClassVar[bool] = True
     columns: tuple[str, ...]
     dtype: str = "float32"
 
@@ -96,6 +99,9 @@ class _FittedScaler(Transform):
 
         Nulls and NaN are missing values: skipped. A column with no finite
         value fits 0 for both statistics (its outputs are all null or NaN).
+        The statistics are a function of the column's values alone: the same
+        bits whichever order Ray's tasks finish in and however the rows are
+        cut into blocks (exact sums, rounded once; see :mod:`._moments`).
 
         Raises:
             SpecError: a column holds +inf or -inf, which has no finite
@@ -103,7 +109,8 @@ class _FittedScaler(Transform):
         """
         from slicefeed.transforms._moments import ColumnSummary
 
-        r = ds.aggregate(*(ColumnSummary(c, alias_name=f"summary/{c}") for c in self.columns))
+        r = ds.aggregate(*(ColumnSummary(c, alias_name=f"summary/{c}", moments=self.MOMENTS)
+                           for c in self.columns))
         fitted: dict[str, dict[str, float]] = {k: {} for k in self.STATS}
         for c in self.columns:
             s = r.get(f"summary/{c}") or {"count": 0, "posinf": 0, "neginf": 0}
@@ -185,6 +192,7 @@ class MinMaxScale(_FittedScaler):
 
     name: ClassVar[str] = "min_max_scale"
     STATS: ClassVar[tuple[str, str]] = ("min", "max")
+    MOMENTS: ClassVar[bool] = False
     min: dict[str, float] | None = None
     max: dict[str, float] | None = None
 

@@ -375,3 +375,65 @@ def test_deduplicate_treats_zero_and_negative_zero_as_one_key():
     assert out.column(PROVENANCE_ROW).to_pylist() == [0, 2]
     assert np.signbit(out.column("x").to_numpy()).tolist() == [True, False]
     assert hash64(pa.array([0.0])).tolist() == hash64(pa.array([-0.0])).tolist()
+
+
+def _order_sensitive_table() -> pa.Table:
+    """Values over eight decades, and a zero of each sign as the minimum of
+    column ``z``: merged in another order, rounded float sums and a first-seen
+    zero differ in their last bits."""
+    rng = np.random.default_rng(0)
+    n = 600
+    x = rng.normal(1e3, 1.0, n) * rng.choice([1.0, 1e-3, 1e4], n)
+    z = np.abs(rng.normal(0.0, 1.0, n))
+    z[::50] = 0.0
+    z[25::50] = -0.0
+    return pa.table({"x": x, "z": z})
+
+
+def _permutations(k: int):
+    yield list(range(k))
+    yield list(range(k))[::-1]
+    yield [*range(1, k, 2), *range(0, k, 2)]
+
+
+def test_column_summary_is_the_same_bits_in_any_merge_order():
+    from slicefeed.transforms._moments import ColumnSummary
+
+    t = _order_sensitive_table()
+    for col in ("x", "z"):
+        agg = ColumnSummary(col, alias_name="s")
+        parts = [agg.aggregate_block(t.slice(i, 100)) for i in range(0, t.num_rows, 100)]
+        got = set()
+        for perm in _permutations(len(parts)):
+            acc = parts[perm[0]]
+            for i in perm[1:]:
+                acc = agg.combine(acc, parts[i])
+            f = agg.finalize(acc)
+            got.add(tuple(v.hex() if isinstance(v, float) else v for v in f.values()))
+        assert len(got) == 1, (col, got)
+    # The same values cut into other blocks give the same summary too.
+    agg = ColumnSummary("x", alias_name="s")
+    whole = agg.finalize(agg.aggregate_block(t))
+    parts = [agg.aggregate_block(t.slice(i, 7)) for i in range(0, t.num_rows, 7)]
+    acc = parts[0]
+    for p in parts[1:]:
+        acc = agg.combine(acc, p)
+    assert agg.finalize(acc)["mean"].hex() == whole["mean"].hex()
+    assert agg.finalize(acc)["std"].hex() == whole["std"].hex()
+    x = t.column("x").to_numpy()
+    assert whole["mean"] == pytest.approx(x.mean(), rel=1e-15)
+    assert whole["std"] == pytest.approx(x.std(), rel=1e-13)
+
+
+@pytest.mark.slow
+def test_fit_is_bit_identical_whichever_block_arrives_first(ray_cluster):
+    import ray
+
+    t = _order_sensitive_table()
+    blocks = [t.slice(i, 100) for i in range(0, t.num_rows, 100)]
+    fits = [Standardize(["x", "z"], dtype="float64").fit(ray.data.from_arrow(bs))
+            for bs in (blocks, blocks[::-1])]
+    a, b = ({k: {c: v.hex() for c, v in d.items()} for k, d in f.stats().items()} for f in fits)
+    assert a == b
+    x = t.column("x").to_numpy()
+    assert fits[0].mean["x"] == pytest.approx(x.mean(), rel=1e-15)
