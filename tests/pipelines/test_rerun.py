@@ -405,11 +405,11 @@ def _as_written_fingerprint(spec: dict) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def test_dataset_committed_before_specs_were_normalised(local_dir):
-    """A sink committed by a slicefeed that fingerprinted the spec as written
-    (its parts have no ``spec_form``): the spec as written then is still "nothing
-    to do"; one written differently cannot be recognised from that fingerprint, and
-    the refusal says so instead of calling it another pipeline outright."""
+def _commit_as_written(out: str, spec: dict, sizes: list[int]) -> None:
+    """Commits ``out`` as a slicefeed before specs were normalised would have
+    for ``spec``: shards written by pyarrow (``sizes`` rows each; decide() does
+    not read them) and a manifest whose fingerprint parts hold the spec as
+    written and no ``spec_form``."""
     import os
 
     from slicefeed.connectors import read_manifest
@@ -418,6 +418,25 @@ def test_dataset_committed_before_specs_were_normalised(local_dir):
     from slicefeed.pipelines._rerun import PARTS_KEY
     from tests.pipelines._data import write_committed
 
+    write_committed(out, sizes)
+    parts, inputs = Pipeline(spec).fingerprint_parts()
+    old_parts = {"spec": _as_written_fingerprint(spec), "inputs": parts["inputs"],
+                 "files": parts["files"], "format_version": parts["format_version"]}
+    legacy = dataclasses.replace(read_manifest(out), fingerprint=combine(old_parts), inputs=inputs,
+                                 metadata={"pipeline": "old", PARTS_KEY: old_parts})
+    with open(os.path.join(out, version_name(1)), "w") as f:
+        f.write(legacy.to_json())
+
+
+def test_dataset_committed_before_specs_were_normalised(local_dir):
+    """A sink committed by a slicefeed that fingerprinted the spec as written
+    (its parts have no ``spec_form``): the spec as written then is still "nothing
+    to do"; one written differently cannot be recognised from that fingerprint, and
+    the refusal says so instead of calling it another pipeline outright."""
+    import os
+
+    from slicefeed.pipelines import Pipeline
+
     raw, out = os.path.join(local_dir, "raw"), os.path.join(local_dir, "out")
     os.makedirs(raw)
     with open(os.path.join(raw, "a.txt"), "w") as f:
@@ -425,15 +444,7 @@ def test_dataset_committed_before_specs_were_normalised(local_dir):
     spec = {"name": "old", "source": {"format": "text", "uri": raw},
             "transforms": [{"filter": {"expr": "text!='b'"}}],
             "sink": {"format": "parquet", "uri": out}}
-    write_committed(out, [3])  # the shards do not matter to decide()
-    parts, inputs = Pipeline(spec).fingerprint_parts()
-    old_parts = {"spec": _as_written_fingerprint(spec), "inputs": parts["inputs"],
-                 "files": parts["files"], "format_version": parts["format_version"]}
-    m = read_manifest(out)
-    legacy = dataclasses.replace(m, fingerprint=combine(old_parts), inputs=inputs,
-                                 metadata={"pipeline": "old", PARTS_KEY: old_parts})
-    with open(os.path.join(out, version_name(1)), "w") as f:
-        f.write(legacy.to_json())
+    _commit_as_written(out, spec, [3])
 
     report = Pipeline(spec).decide()
     assert report is not None and report.status == "already_committed"
@@ -511,12 +522,8 @@ def test_dataset_committed_before_specs_were_normalised_with_a_timestamp(local_d
     refused, not "nothing to do"."""
     import os
 
-    from slicefeed.connectors import read_manifest
-    from slicefeed.connectors._manifest import version_name
     from slicefeed.pipelines import Pipeline
-    from slicefeed.pipelines._rerun import PARTS_KEY
     from slicefeed.pipelines._spec import safe_load_yaml
-    from tests.pipelines._data import write_committed
 
     raw, out = os.path.join(local_dir, "raw"), os.path.join(local_dir, "out")
     os.makedirs(raw)
@@ -529,15 +536,7 @@ def test_dataset_committed_before_specs_were_normalised_with_a_timestamp(local_d
                 "sink": {"format": "parquet", "uri": out}}
 
     text, stamp = spec("'2024-01-01 10:00:00'"), spec("2024-01-01 10:00:00")
-    write_committed(out, [1])
-    parts, inputs = Pipeline(text).fingerprint_parts()
-    old_parts = {"spec": _as_written_fingerprint(text), "inputs": parts["inputs"],
-                 "files": parts["files"], "format_version": parts["format_version"]}
-    m = read_manifest(out)
-    legacy = dataclasses.replace(m, fingerprint=combine(old_parts), inputs=inputs,
-                                 metadata={"pipeline": "old", PARTS_KEY: old_parts})
-    with open(os.path.join(out, version_name(1)), "w") as f:
-        f.write(legacy.to_json())
+    _commit_as_written(out, text, [1])
 
     assert Pipeline(text).decide().status == "already_committed"
     with pytest.raises(AlreadyCommittedError, match="YAML date or timestamp"):

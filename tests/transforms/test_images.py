@@ -259,13 +259,9 @@ def test_jpeg_draft_decoding_stays_within_tolerance_of_full_decode():
     assert not (diff == 0).all()  # draft did change the decode path
 
 
-def _mixed_table() -> pa.Table:
-    """PNG and JPEG rows (JPEGs over twice the target size, where draft would
-    scale them), a grey PNG, an undecodable row and a null."""
-    arrays = [_pixels(40 + 7 * i, 52 + 5 * i, i) for i in range(6)]
-    data = [_encode(a, "PNG" if i % 2 else "JPEG") for i, a in enumerate(arrays)]
-    data.append(_encode(_pixels(30, 30, 9)[:, :, 0], "PNG"))  # mode L, converted to RGB
-    data += [b"not an image", None]
+def _image_table(data: list[bytes | None]) -> pa.Table:
+    """Encoded images (or None) as a batch read from one Parquet file: ``image``,
+    ``label`` (the row number) and the provenance columns."""
     n = len(data)
     return pa.table({
         "image": pa.array(data, pa.binary()),
@@ -273,6 +269,16 @@ def _mixed_table() -> pa.Table:
         PROVENANCE_FILE: ["imgs/part-0.parquet"] * n,
         PROVENANCE_ROW: pa.array(range(n), pa.int64()),
     })
+
+
+def _mixed_table() -> pa.Table:
+    """PNG and JPEG rows (JPEGs over twice the target size, where draft would
+    scale them), a grey PNG, an undecodable row and a null."""
+    arrays = [_pixels(40 + 7 * i, 52 + 5 * i, i) for i in range(6)]
+    data = [_encode(a, "PNG" if i % 2 else "JPEG") for i, a in enumerate(arrays)]
+    data.append(_encode(_pixels(30, 30, 9)[:, :, 0], "PNG"))  # mode L, converted to RGB
+    data += [b"not an image", None]
+    return _image_table(data)
 
 
 def _unfused(tbl: pa.Table, decode: DecodeImage, resize: Resize) -> tuple[pa.Table, pa.Table]:
@@ -617,13 +623,7 @@ def _malformed_exif_table() -> pa.Table:
         None,
     ]
     data = [_oriented(a, None, "JPEG", exif=e) for e in exifs]
-    n = len(data)
-    return pa.table({
-        "image": pa.array(data, pa.binary()),
-        "label": list(range(n)),
-        PROVENANCE_FILE: ["imgs/part-0.parquet"] * n,
-        PROVENANCE_ROW: pa.array(range(n), pa.int64()),
-    })
+    return _image_table(data)
 
 
 @pytest.mark.filterwarnings("ignore:Corrupt EXIF data")  # Pillow, opening them
