@@ -30,6 +30,7 @@ from slicefeed.connectors._errors import (
     WorkerCrashError,
     printable,
     short_repr,
+    type_name,
     typed_columns,
 )
 from slicefeed.connectors._names import (
@@ -173,6 +174,7 @@ __all__ = [
     "read_text",
     "resolve_filesystem",
     "short_repr",
+    "type_name",
     "typed_columns",
     "vacuum",
     "verify_shards",

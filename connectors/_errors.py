@@ -118,6 +118,13 @@ def task_error_cause(error: BaseException) -> BaseException | None:
     return cause if isinstance(cause, BaseException) else None
 
 
+def type_name(value: object) -> str:
+    """The name a spec writer knows ``value``'s type by: YAML's (``string``,
+    ``integer``, ``boolean``, ``mapping``...), else the Python type's name."""
+    return {dict: "mapping", list: "list", str: "string", bool: "boolean", int: "integer",
+            float: "number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
 def short_repr(value: object, limit: int = QUOTE_LIMIT) -> str:
     """``repr(value)`` for messages: control characters escaped, at most ``limit`` chars.
 

@@ -58,7 +58,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from slicefeed.connectors import ON_ERROR_POLICIES, SpecError, printable, short_repr
+from slicefeed.connectors import ON_ERROR_POLICIES, SpecError, printable, short_repr, type_name
 from slicefeed.connectors._formats import FORMATS
 
 #: The file formats of the registry, plus ``dataset`` (a committed slicefeed dataset).
@@ -267,11 +267,6 @@ def _where(path: Sequence[Any]) -> str:
     return ".".join(str(p) for p in path) or "(top level)"
 
 
-def _type_name(value: Any) -> str:
-    return {dict: "mapping", list: "list", str: "string", bool: "boolean", int: "integer",
-            float: "number", type(None): "null"}.get(type(value), type(value).__name__)
-
-
 _JSON_TYPES = {"integer": "an integer", "number": "a number", "string": "a string",
                "array": "a list", "object": "a mapping", "boolean": "a boolean"}
 
@@ -296,7 +291,7 @@ def _message(err: jsonschema.ValidationError, source: str) -> str:
                 f"{', '.join(map(str, err.validator_value))}.")
     if v == "type":
         return (f"{source}: {where} must be {_JSON_TYPES.get(err.validator_value, err.validator_value)}, "
-                f"got {_type_name(err.instance)} {shown}.")
+                f"got {type_name(err.instance)} {shown}.")
     if v in ("anyOf", "minProperties", "maxProperties") and where.startswith("transforms"):
         return (f"{source}: {where} must be a mapping with exactly one key, the transform "
                 f"name, e.g. {{select: {{columns: [a]}}}}; got {shown}.")
@@ -364,7 +359,7 @@ def validate_spec(spec: Any, *, source: str = "pipeline spec") -> dict[str, Any]
     """
     if not isinstance(spec, Mapping):
         raise SpecError(f"{source}: a pipeline spec must be a mapping with keys name, source, "
-                        f"transforms, sink; got {_type_name(spec)}.")
+                        f"transforms, sink; got {type_name(spec)}.")
     _check_hostile(spec, source)
     spec = copy.deepcopy(dict(spec))
     opts = (spec.get("sink") or {}).get("options") if isinstance(spec.get("sink"), Mapping) else None
@@ -589,7 +584,7 @@ def apply_overrides(spec: dict[str, Any], overrides: Sequence[str] | Mapping[str
         elif isinstance(node, dict):
             node[last] = value
         else:
-            raise SpecError(f"--set {printable(key, 200)}: {printable('.'.join(parts[:-1]), 200)} is a {_type_name(node)}, not a mapping or list.")
+            raise SpecError(f"--set {printable(key, 200)}: {printable('.'.join(parts[:-1]), 200)} is a {type_name(node)}, not a mapping or list.")
     return spec
 
 
@@ -623,7 +618,7 @@ def _step(node: Any, part: str, key: str, depth: int, *, create: bool) -> Any:
                 raise SpecError(f"--set {printable(key, 200)}: no key {short_repr(part)}")
             node[part] = {}
         return node[part]
-    raise SpecError(f"--set {printable(key, 200)}: {printable('.'.join(key.split('.')[:depth]), 200)} is a {_type_name(node)}, not a mapping or list.")
+    raise SpecError(f"--set {printable(key, 200)}: {printable('.'.join(key.split('.')[:depth]), 200)} is a {type_name(node)}, not a mapping or list.")
 
 
 def load_spec(path: str | os.PathLike[str], overrides: Sequence[str] | Mapping[str, Any] | None = None) -> dict[str, Any]:

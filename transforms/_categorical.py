@@ -49,10 +49,6 @@ class HashBucket(Transform):
     def __post_init__(self) -> None:
         if isinstance(self.num_buckets, bool) or not isinstance(self.num_buckets, int) or not 0 < self.num_buckets < 2**31:
             raise self._spec_error(f"num_buckets must be an integer in [1, 2^31); got {short_repr(self.num_buckets)}")
-        if not isinstance(self.salt, str):
-            # YAML reads `salt: 2024` as a number and `salt:` as null.
-            raise self._spec_error(f"salt must be a string; got {short_repr(self.salt)} (quote a "
-                                   "number or date, e.g. salt: \"2024\"; leave salt out for none)")
 
     def output_schema(self, schema: pa.Schema) -> pa.Schema:
         t = self._require(schema, self.column)

@@ -26,6 +26,7 @@ another (Ray Data's ``map_batches(..., batch_format="pyarrow")``). Its contract:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import typing
 from collections.abc import Mapping, Sequence
@@ -42,6 +43,7 @@ from slicefeed.connectors import (
 )
 from slicefeed.transforms._arrays import is_tensor
 from slicefeed.transforms._registry import (
+    check_argument_types,
     default_of,
     field_types,
     json_form,
@@ -107,9 +109,21 @@ class Transform:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("__post_init__")
+        if own is not None:
+            # A subclass's own checks run on arguments of their declared types.
+            @functools.wraps(own)
+            def post_init(self: Transform) -> None:
+                check_argument_types(self)
+                own(self)
+
+            cls.__post_init__ = post_init  # type: ignore[method-assign]
         name = cls.__dict__.get("name")
         if name:
             register(name, cls)
+
+    def __post_init__(self) -> None:
+        check_argument_types(self)
 
     # -- the contract -------------------------------------------------------
 

@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import json
+import numbers
 import re
 import types
 import typing
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
-from slicefeed.connectors import SpecError, printable, short_repr
+from slicefeed.connectors import SpecError, printable, short_repr, type_name
 
 if typing.TYPE_CHECKING:  # pragma: no cover
     from slicefeed.transforms._contract import Transform
@@ -131,6 +134,74 @@ def field_types(cls: type) -> dict[str, Any]:
         return typing.get_type_hints(cls)
     except Exception:  # noqa: BLE001 - a name only imported for type checking: no coercion
         return {}
+
+
+@functools.cache
+def _init_types(cls: type) -> tuple[tuple[str, Any], ...]:
+    hints = field_types(cls)
+    return tuple((f.name, hints[f.name]) for f in dataclasses.fields(cls) if f.init and f.name in hints)
+
+
+def _expected(value: Any, hint: Any) -> str | None:
+    """What ``hint`` (a field's resolved annotation) asks for, in words, where
+    ``value`` is not of it; ``None`` where it is, or where the annotation is one
+    this check does not read (the transform checks those itself).
+
+    A boolean is not a number here, and a string is not a boolean: YAML's
+    ``"false"`` (quoted) or ``1`` given for a flag would otherwise be true.
+    """
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        wants = [_expected(value, a) for a in args]
+        return None if None in wants else " or ".join(dict.fromkeys(wants))
+    if hint is type(None):
+        return None if value is None else "null"
+    if hint is bool:
+        return None if isinstance(value, (bool, np.bool_)) else "true or false"
+    flag = isinstance(value, (bool, np.bool_))
+    if hint is int:
+        return None if isinstance(value, numbers.Integral) and not flag else "an integer"
+    if hint is float:
+        return None if isinstance(value, numbers.Real) and not flag else "a number"
+    if hint is str:
+        return None if isinstance(value, str) else "a string"
+    if origin in (tuple, list) and args and args[0] is not Any:
+        if not isinstance(value, (list, tuple)):
+            return None  # a single value where a list is wanted: the transform says what it takes
+        ok = all(_expected(x, args[0]) is None for x in value)
+        return None if ok else f"a list of {_plural(args[0])}"
+    if origin is dict and len(args) == 2 and isinstance(value, Mapping):
+        ok = all(_expected(k, args[0]) is None and _expected(v, args[1]) is None for k, v in value.items())
+        return None if ok else f"a mapping of {_plural(args[0])} to {_plural(args[1])}"
+    return None
+
+
+def _plural(hint: Any) -> str:
+    return {bool: "booleans", int: "integers", float: "numbers", str: "strings"}.get(hint, "values")
+
+
+def check_argument_types(t: Any) -> None:
+    """Refuses a transform argument whose value is not of its declared type
+    (``seed: "1"``, ``horizontal: "no"``, ``min_count: 1.5``, ``column: 1``),
+    naming the argument, what it takes and what it got; an integer where a
+    number is declared is a number.
+
+    Called for every transform when it is built (``Transform.__post_init__``),
+    from YAML or Python alike, so a value of another type never reaches the
+    transform's own checks, where a non-empty string would count as true.
+
+    Raises:
+        SpecError: naming the transform and the argument.
+    """
+    for name, hint in _init_types(type(t)):
+        value = getattr(t, name)
+        want = _expected(value, hint)
+        if want is not None:
+            fix = ("in YAML, quote it" if isinstance(value, (bool, int, float)) and "string" in want
+                   else "in YAML, write numbers and true/false without quotes")
+            raise t._spec_error(
+                f"argument {name!r} must be {want}; got {short_repr(value)} (a {type_name(value)}); {fix}"
+            )
 
 
 def _ensure_registered() -> None:

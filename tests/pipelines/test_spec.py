@@ -217,7 +217,7 @@ def test_hash_bucket_salt_that_is_not_a_string_is_a_spec_error(salt):
     """YAML reads ``salt:`` as null and ``salt: 2024`` as a number; validate_spec
     accepted them and every batch then failed inside a worker (a str + int)."""
     spec = _with(transforms=[{"hash_bucket": {"column": "a", "num_buckets": 4, "salt": salt}}])
-    with pytest.raises(SpecError, match=r"transforms.0: HashBucket: salt must be a string; got "):
+    with pytest.raises(SpecError, match=r"transforms.0: HashBucket: argument 'salt' must be a string; got "):
         validate_spec(spec)
 
 
@@ -273,3 +273,39 @@ def test_uri_templates_date_datetime_env():
     # filled source.
     p = Pipeline(_with(sink={"format": "parquet", "uri": "/data/out/{date}"}), date="2026-03-04")
     assert p.spec["sink"]["uri"] == "/data/out/2026-03-04"
+
+
+@pytest.mark.parametrize("step, argument, want", [
+    ('random_flip: {horizontal: "false", vertical: true}', "horizontal", "true or false"),
+    ("tokenize: {add_eos: 'no'}", "add_eos", "true or false"),
+    ("pad_or_truncate: {column: tokens, length: 8, mask: 1}", "mask", "true or false"),
+    ('random_crop: {height: 2, width: 2, seed: "7"}', "seed", "an integer or null"),
+    ("random_flip: {seed: 1.5}", "seed", "an integer or null"),
+    ("vocabulary: {column: tag, min_count: true}", "min_count", "an integer"),
+    ("random_flip: {p: true}", "p", "a number"),
+    ("rename: {mapping: {a: 1}}", "mapping", "a mapping of strings to strings"),
+    ("select: {columns: [a, 2]}", "columns", "a list of strings"),
+    ("hash_bucket: {column: 1, num_buckets: 4}", "column", "a string"),
+])
+def test_transform_argument_of_another_type_is_refused_at_validation(tmp_path, step, argument, want):
+    """A YAML value of another type than the argument declares was kept as given:
+    ``horizontal: "false"`` (quoted) is a non-empty string, so every image was
+    flipped; ``seed: "7"`` and ``seed: 7`` gave the same rows under two
+    fingerprints. Validation now names the argument, what it takes and what it got."""
+    path = tmp_path / "spec.yaml"
+    path.write_text("name: t\nsource: {format: jsonl, uri: /tmp/in.jsonl}\nsink: {format: parquet, uri: /tmp/out}\n"
+                    f"transforms:\n  - {step}\n")
+    with pytest.raises(SpecError, match=rf"transforms\.0: \w+: argument '{argument}' must be {want}; got "):
+        validate_spec(load_spec(path))
+
+
+def test_transform_arguments_of_their_declared_types_pass_and_ints_are_numbers():
+    """The check refuses only other types: an integer where a number is declared
+    is that number, and numpy scalars are the numbers they hold."""
+    import numpy as np
+
+    from slicefeed.transforms import RandomFlip, transform_from_spec
+    assert transform_from_spec({"random_flip": {"p": 1, "seed": 3}}).p == 1
+    assert RandomFlip(p=np.float32(0.25), seed=np.int64(3), vertical=np.bool_(True)).seed == 3
+    with pytest.raises(SpecError, match=r"RandomFlip: argument 'horizontal' must be true or false; got 'no'"):
+        RandomFlip(horizontal="no")

@@ -118,7 +118,7 @@ HOSTILE_CASES = {
     "resize huge column": ({"resize": {"column": _NAME + "_int", "height": 2, "width": 2}},
                            ["Resize", "column 'nnn"]),
     "center_crop huge column": ({"center_crop": {"column": _NAME + "_int"}}, ["CenterCrop", "column 'nnn"]),
-    "random_flip p": ({"random_flip": {"p": _HUGE}}, ["RandomFlip", "p must"]),
+    "random_flip p": ({"random_flip": {"p": _HUGE}}, ["RandomFlip", "'p' must"]),
     "normalize mean": ({"normalize_image": {"mean": _HUGE}}, ["NormalizeImage", "mean"]),
     "normalize std": ({"normalize_image": {"std": [_HUGE]}}, ["NormalizeImage", "std"]),
     "normalize dtype": ({"normalize_image": {"dtype": _HUGE}}, ["NormalizeImage", "dtype"]),
