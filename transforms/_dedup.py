@@ -27,6 +27,10 @@ _HASH_COLUMN = "__sf_key"
 #: most this many, not one per distinct key (millions, in text deduplication).
 #: Fixed, so a run's output order does not depend on the cluster.
 DEDUP_BUCKETS = 256
+#: Shuffle partitions :meth:`Deduplicate.dataset_op` spreads the buckets over
+#: unless ``partitions`` says otherwise (Ray's own default for a hash shuffle,
+#: written here so the output order does not follow a changed Ray context).
+DEDUP_PARTITIONS = 200
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,14 +50,27 @@ class Deduplicate(Transform):
 
     Args:
         columns: Key columns (strings, binary, numbers, booleans, dates).
+        partitions: Shuffle partitions (reduce tasks) the buckets are spread
+            over, 1 to :data:`DEDUP_BUCKETS`; default :data:`DEDUP_PARTITIONS`.
+            Each holds about 1/``partitions`` of the data in one task, so keep
+            the default for large data; a small input runs faster with a few
+            (each partition costs a fixed scheduling overhead). The survivors
+            are the same for any value; the order rows come out in is not, so
+            a non-default value is part of the pipeline's fingerprint.
     """
 
     name: ClassVar[str] = "deduplicate"
     reads_only: ClassVar[bool] = True
     is_dataset_op: ClassVar[bool] = True
     columns: tuple[str, ...] | None = None
+    partitions: int = DEDUP_PARTITIONS
 
     def __post_init__(self) -> None:
+        if not 1 <= self.partitions <= DEDUP_BUCKETS:
+            raise self._spec_error(
+                f"partitions must be an integer in [1, {DEDUP_BUCKETS}] (there are {DEDUP_BUCKETS} "
+                f"key-hash buckets to spread); got {short_repr(self.partitions)}"
+            )
         if self.columns is not None:
             object.__setattr__(self, "columns", self._column_list(self.columns, "columns"))
 
@@ -129,6 +146,6 @@ class Deduplicate(Transform):
         # bucket, so equal keys, which share a bucket, are always compared.
         keyed = tasks.map_batches(ds, add_key, what=f"transform {self.name} (hashing the keys)",
                                   batch_format="pyarrow")
-        return tasks.map_groups(keyed.groupby("__sf_key"), per_group,
+        return tasks.map_groups(keyed.groupby(key, num_partitions=self.partitions), per_group,
                                 what=f"transform {self.name} (one row per key)",
                                 batch_format="pyarrow")

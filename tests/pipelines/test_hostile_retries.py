@@ -71,7 +71,7 @@ def test_worker_killed_on_one_file_fails_the_run_naming_it(ray_cluster, tmp_path
 _WHERE = {
     "read-per-file": ([], {}, "source", ["f2-CRASH.jsonl", "reading"]),
     "read-dataset": ([], {"shuffle_seed": 1}, "source", ["f2-CRASH.jsonl", "reading"]),
-    "deduplicate": ([{"test_crash_dedup": {"match": "f2-CRASH"}}], {}, None,
+    "deduplicate": ([{"test_crash_dedup": {"match": "f2-CRASH", "partitions": 4}}], {}, None,
                     ["f2-CRASH.jsonl", "test_crash_dedup"]),
     "write": ([], {"shuffle_seed": 1}, "sink", ["out-CRASH", "writing"]),
 }

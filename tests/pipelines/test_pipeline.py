@@ -217,14 +217,14 @@ def test_rows_removed_by_deduplicate_are_counted_as_filtered(ray_cluster, local_
         f.writelines(json.dumps({"id": i, "text": f"doc{i % 20}", "g": i % 4}) + "\n"
                      for i in range(60))
     spec = {"name": "dedup2", "source": {"format": "jsonl", "uri": raw},
-            "transforms": [{"deduplicate": {"columns": ["text"]}},
-                           {"deduplicate": {"columns": ["g"]}}],
+            "transforms": [{"deduplicate": {"columns": ["text"], "partitions": 4}},
+                           {"deduplicate": {"columns": ["g"], "partitions": 4}}],
             "sink": {"format": "parquet", "uri": os.path.join(local_dir, "out2")}}
     r = Pipeline(spec).run()
     assert (r.rows_read, r.rows_written, r.rows_filtered) == (60, 4, 56)
     assert r.filtered_by == {"deduplicate": 56}, r.filtered_by
     for packed in (False, True):
-        transforms = [{"filter": {"expr": "id >= 5"}}, {"deduplicate": {"columns": ["text"]}},
+        transforms = [{"filter": {"expr": "id >= 5"}}, {"deduplicate": {"columns": ["text"], "partitions": 4}},
                       {"tokenize": {"column": "text", "tokenizer": "bytes"}}]
         if packed:
             transforms.append({"pack_sequences": {"column": "tokens", "seq_len": 16}})

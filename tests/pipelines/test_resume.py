@@ -396,7 +396,7 @@ def test_dataset_level_op_reports_that_a_rerun_recomputes_everything(ray_cluster
     spec = {
         "name": "dedup",
         "source": {"format": "jsonl", "uri": raw},
-        "transforms": [{"deduplicate": {"columns": ["text"]}}],
+        "transforms": [{"deduplicate": {"columns": ["text"], "partitions": 4}}],
         "sink": {"format": "parquet", "uri": str(tmp_path / "out")},
     }
     report = Pipeline(spec).run()

@@ -211,6 +211,9 @@ def test_deduplicate_dataset_op(ray_cluster):
     got = sorted(zip(tbl.column("text").to_pylist(), tbl.column(PROVENANCE_FILE).to_pylist(), tbl.column(PROVENANCE_ROW).to_pylist()), key=str)
     assert got == sorted([("a", "f0", 0), ("b", "f1", 0), ("c", "f1", 2), (None, "f1", 3)], key=str)
     assert tbl.column_names == _dups().column_names
+    # Fewer shuffle partitions: the same survivors.
+    few = pa.concat_tables(ray.get(Deduplicate(["text"], partitions=3).dataset_op(ds).to_arrow_refs()))
+    assert sorted(few.to_pylist(), key=str) == sorted(tbl.to_pylist(), key=str)
     with pytest.raises(SpecError, match=r"Deduplicate: column 'tags' has type list<item: string>; deduplicate on scalar"):
         Deduplicate(["tags"]).output_schema(_table().schema)
     with pytest.raises(SpecError, match=r"Deduplicate: column 'txt' not found; available: text, n"):
@@ -335,7 +338,8 @@ def test_deduplicate_dataset_op_on_dates_and_large_unsigned(ray_cluster):
     d1, d2 = datetime.date(2020, 1, 1), datetime.date(2021, 6, 30)
     t = pa.table({"d": [d1, d2, d1, None, None], "u": pa.array([2**63 + 1, 1, 2**63 + 1, 7, 7], pa.uint64()),
                   PROVENANCE_FILE: ["f"] * 5, PROVENANCE_ROW: pa.array(range(5), pa.int64())})
-    out = pa.concat_tables(ray.get(Deduplicate(["d", "u"]).dataset_op(_blocks(ray, t, 2)).to_arrow_refs()))
+    dedup = Deduplicate(["d", "u"], partitions=2)
+    out = pa.concat_tables(ray.get(dedup.dataset_op(_blocks(ray, t, 2)).to_arrow_refs()))
     assert sorted(out.column(PROVENANCE_ROW).to_pylist()) == [0, 1, 3]
 
 
@@ -345,7 +349,7 @@ def test_deduplicate_key_columns_named_like_its_own(ray_cluster):
 
     t = pa.table({"__sf_idx": [1, 1, 2], "idx_min": ["a", "a", "a"],
                   PROVENANCE_FILE: ["f"] * 3, PROVENANCE_ROW: pa.array([0, 1, 2], pa.int64())})
-    spec = {"deduplicate": {"columns": ["__sf_idx", "idx_min"]}}
+    spec = {"deduplicate": {"columns": ["__sf_idx", "idx_min"], "partitions": 2}}
     assert apply_transforms(t, [transform_from_spec(spec)]).column(PROVENANCE_ROW).to_pylist() == [0, 2]
     out = pa.concat_tables(ray.get(transform_from_spec(spec).dataset_op(_blocks(ray, t, 2)).to_arrow_refs()))
     assert sorted(out.column(PROVENANCE_ROW).to_pylist()) == [0, 2]
@@ -365,6 +369,19 @@ def test_fill_null_uint64_beyond_int64():
         transform_from_spec({"fill_null": {"values": {"u": 2**64}}}).output_schema(t.schema)
     with pytest.raises(SpecError, match=r"FillNull: fill value -1 for column 'u' cannot be cast"):
         transform_from_spec({"fill_null": {"values": {"u": -1}}}).output_schema(t.schema)
+
+
+@pytest.mark.parametrize("partitions", [0, 257, -1])
+def test_deduplicate_partitions_outside_its_range_is_refused(partitions):
+    with pytest.raises(SpecError, match=r"Deduplicate: partitions must be an integer in \[1, 256\]"):
+        transform_from_spec({"deduplicate": {"partitions": partitions}})
+
+
+def test_deduplicate_partitions_is_in_the_fingerprint_only_when_not_the_default():
+    """The partition count decides the order rows come out in, not which survive."""
+    default = transform_from_spec({"deduplicate": {"columns": ["x"]}}).fingerprint_spec()
+    assert transform_from_spec({"deduplicate": {"columns": ["x"], "partitions": 200}}).fingerprint_spec() == default
+    assert transform_from_spec({"deduplicate": {"columns": ["x"], "partitions": 8}}).fingerprint_spec() != default
 
 
 def test_deduplicate_treats_zero_and_negative_zero_as_one_key():
