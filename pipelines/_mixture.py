@@ -51,6 +51,10 @@ _KEY = "__sf_mix_key"
 #: About this many rows per block of a mixed dataset.
 MIX_BLOCK_ROWS = 4096
 _SRC = "__sf_mix_src"
+#: A record's place among its source's records in (file, row) order: the last
+#: sort key, so records that tie on the first two (the bad records that go with
+#: one good row) come out in the order they stand, whatever order blocks arrive in.
+_ORD = "__sf_mix_ord"
 
 
 class _Sizes:
@@ -241,10 +245,11 @@ def interleave(
         files = sorted(good)
         offsets = dict(zip(files, np.cumsum([0] + [good[f] for f in files])[:-1].tolist()))
         offsets_of.append(offsets)
+        before = dict(zip(files, np.cumsum([0] + [file_sizes[i][f] for f in files])[:-1].tolist()))
         parts.append(
             ds.map_batches(
                 _Keyer(names[i], i, offsets, file_bad[i], counts[i], float(p[i]), salts[i],
-                       whole=counts[i] >= sizes[i]),
+                       whole=counts[i] >= sizes[i], records_before=before),
                 batch_format="pyarrow",
             )
         )
@@ -265,7 +270,7 @@ def interleave(
     # depends on batch boundaries (pack_sequences) would then differ too. A split
     # into a number of blocks fixed by the counts (about MIX_BLOCK_ROWS rows each,
     # split evenly in sort order) gives every run the same blocks and batches.
-    mixed = (mixed.sort([_KEY, _SRC])
+    mixed = (mixed.sort([_KEY, _SRC, _ORD])
              .repartition(max(1, -(-sum(counts) // MIX_BLOCK_ROWS)), shuffle=False)
              .map_batches(_drop_keys, batch_format="pyarrow"))
     return mixed, dict(zip(names, counts))
@@ -280,14 +285,16 @@ class _Keyer:
     row is within the quota, keyed just before it (it is counted, never written);
     those after a source's last good row are kept when the mixture takes the
     whole source (``whole``). A file's marker (a null row: the file could not
-    be read) is always kept, so the run fails naming it.
+    be read) is always kept, so the run fails naming it. ``records_before``:
+    the records (good and bad) of the files before each, for :data:`_ORD`.
     """
 
     def __init__(self, name: str, index: int, offsets: dict[str, int],
                  bad: dict[str, np.ndarray], count: int, p: float, salt: int,
-                 whole: bool = False):
+                 whole: bool = False, records_before: dict[str, int] | None = None):
         self.name, self.index, self.offsets, self.bad = name, index, offsets, bad
         self.count, self.p, self.salt, self.whole = count, p, salt, whole
+        self.records_before = records_before or {}
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         files = batch.column(PROVENANCE_FILE)
@@ -299,6 +306,7 @@ class _Keyer:
         row = pc.fill_null(rows, 0).to_numpy(zero_copy_only=False).astype(np.int64)
         base = np.array([self.offsets.get(f, 0) for f in names], np.int64)
         rank = base[codes] + row
+        order = np.array([self.records_before.get(f, 0) for f in names], np.int64)[codes] + row
         for k, f in enumerate(names):  # files with bad records only
             marked = self.bad.get(f)
             if marked is not None and marked.size:
@@ -308,7 +316,7 @@ class _Keyer:
                   if ERROR_COLUMN in batch.column_names else np.zeros(len(row), bool))
         keep = (rank < self.count) | marker | (is_bad & self.whole)
         batch = batch.filter(pa.array(keep))
-        rank, is_bad, marker = rank[keep], is_bad[keep], marker[keep]
+        rank, is_bad, marker, order = rank[keep], is_bad[keep], marker[keep], order[keep]
         # Per-row jitter in [0, 1) from (seed, source, rank): keeps each source's
         # order and the +-1 prefix guarantee, and lets the seed shape the order.
         with np.errstate(over="ignore"):
@@ -316,17 +324,18 @@ class _Keyer:
         jitter = (h >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
         key = (rank.astype(np.float64) + jitter) / self.p
         # A bad record just before the good row of its rank (bad records of one
-        # rank tie: they are counted, never written, so their order is not kept).
+        # rank are put in their own order by _ORD).
         key[is_bad] = (rank[is_bad] - 0.5) / self.p
         key[marker] = -1.0
         named = pc.binary_join_element_wise(self.name, batch.column(PROVENANCE_FILE), "/")
         batch = batch.set_column(batch.column_names.index(PROVENANCE_FILE), PROVENANCE_FILE, named)
         batch = batch.append_column(_KEY, pa.array(key))
-        return batch.append_column(_SRC, pa.array(np.full(len(key), self.index, np.int32)))
+        batch = batch.append_column(_SRC, pa.array(np.full(len(key), self.index, np.int32)))
+        return batch.append_column(_ORD, pa.array(order))
 
 
 def _drop_keys(batch: pa.Table) -> pa.Table:
-    return batch.drop_columns([c for c in (_KEY, _SRC) if c in batch.column_names])
+    return batch.drop_columns([c for c in (_KEY, _SRC, _ORD) if c in batch.column_names])
 
 
 def mixture_report(counts: Mapping[str, int], weights: Sequence[float]) -> dict[str, Any]:

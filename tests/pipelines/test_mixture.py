@@ -350,3 +350,36 @@ def test_mixture_schema_check_takes_each_source_first_file(ray_cluster):
     sizes, bad, schemas = _survey([ds])
     assert sizes == [{"a.jsonl": 3, "b.jsonl": 2}] and bad == [{}]
     assert schemas[0].field("v").type == pa.int64()
+
+
+def test_mixture_order_of_tied_bad_records_does_not_follow_block_order(ray_cluster):
+    """Bad records go with the good row after them, so consecutive ones (the end
+    of one file and the start of the next) share a rank and tied in the sort;
+    they came out (into quarantine files) in the order their blocks did. Every
+    record now sorts by its place in its source, so both block orders mix the
+    same."""
+    import ray
+
+    from slicefeed.connectors._compat import dataset_preserving_order
+    from slicefeed.connectors._names import ERROR_COLUMN
+
+    def block(f: str, v: list, bad: list[bool]) -> pa.Table:
+        return pa.table({"v": pa.array(v, pa.int64()), PROVENANCE_FILE: [f] * len(v),
+                         PROVENANCE_ROW: pa.array(range(len(v)), pa.int64()),
+                         ERROR_COLUMN: pa.array([f"bad {f}#{i}" if b else None for i, b in enumerate(bad)],
+                                                pa.string())})
+
+    # a.jsonl rows 2-3 and b.jsonl rows 0-1 are bad: four records of one rank.
+    a = block("a.jsonl", [1, 2, None, None], [False, False, True, True])
+    b = block("b.jsonl", [None, None, 5, 6], [True, True, False, False])
+    other = block("o.jsonl", list(range(10, 16)), [False] * 6)
+    runs = []
+    for blocks in ([a, b], [b, a], [b.slice(1), a, b.slice(0, 1)]):
+        ds = dataset_preserving_order(ray.data.from_arrow(blocks))
+        mixed, counts = interleave({"s": ds, "o": dataset_preserving_order(ray.data.from_arrow([other]))},
+                                   [1, 1], seed=3)
+        assert counts == {"s": 4, "o": 4}
+        runs.append(_collect(mixed).to_pylist())
+    assert runs[0] == runs[1] == runs[2]
+    errors = [r[ERROR_COLUMN] for r in runs[0] if r[ERROR_COLUMN]]
+    assert errors == ["bad a.jsonl#2", "bad a.jsonl#3", "bad b.jsonl#0", "bad b.jsonl#1"], errors
