@@ -1058,6 +1058,9 @@ class Pipeline:
 
         Transforms that need statistics (``needs_fit``) are fitted here, on all
         of the input (also with ``shard``), which runs the pipeline up to them once.
+        A file a transform reads (a ``tokenizer.json``) is read here once: the
+        dataset tokenizes with that content, without checking the file per
+        batch, and a worker that must read it again refuses other content.
 
         Args:
             keep_provenance: Keep the ``_sf_file``/``_sf_row`` row-identity columns.
@@ -1068,7 +1071,9 @@ class Pipeline:
             SpecError: a source with fewer files than ``count``.
         """
         self.check()
-        return self._dataset(self._fitted(), keep_provenance=keep_provenance, shard=shard)
+        digests = _rerun.transform_file_digests(self.spec)
+        transforms = [t.with_file_digests(digests) for t in self.transforms]
+        return self._dataset(self._fitted(transforms), keep_provenance=keep_provenance, shard=shard)
 
     def _dataset(self, fitted: Sequence[Any], *, keep_provenance: bool = False,
                  counters: Any = None, quarantine: Any = None,

@@ -124,9 +124,9 @@ def load_hf_tokenizer(uri: str, *, sha256: str | None = None):
     if sha256 is not None and digest != sha256:
         raise RuntimeError(
             f"Tokenize: tokenizer file {printable(uri, 200)} changed after the run was planned "
-            f"(its SHA-256 is now {digest[:16]}..., the run's fingerprint records "
-            f"{printable(sha256, 16)}...); nothing of this run is committed. Run the pipeline "
-            "again once the file is final: the new run fingerprints its current content."
+            f"(its SHA-256 is now {digest[:16]}..., the plan recorded {printable(sha256, 16)}...), "
+            "so its rows would mix two tokenizers; a batch run commits nothing then. Run the "
+            "pipeline again once the file is final: the new run plans with its current content."
         )
     with _CACHE_LOCK:
         tok = _BY_DIGEST.get(digest)

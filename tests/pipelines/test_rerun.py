@@ -157,6 +157,40 @@ def test_replaced_tokenizer_json_is_used_by_the_next_run_in_the_same_process(
     assert Pipeline(spec).decide().status == "already_committed"
 
 
+def test_pipeline_dataset_tokenizes_with_the_tokenizer_json_it_was_planned_with(
+        ray_cluster, local_dir):
+    """``Pipeline.dataset()`` (what a loader streams) checked the tokenizer.json
+    on every batch and used whatever it held then, so a file replaced while the
+    dataset streamed mixed two tokenizers in one epoch. It now reads the file
+    once when planned; a worker that must read it again refuses other content."""
+    import json
+    import os
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from slicefeed.pipelines import Pipeline
+
+    raw, tok_path = os.path.join(local_dir, "raw"), os.path.join(local_dir, "tok-ds.json")
+    os.makedirs(raw)
+    with open(os.path.join(raw, "a.jsonl"), "w") as f:
+        f.write("".join(json.dumps({"text": t}) + "\n" for t in ["hello world", "world hello"]))
+
+    def save(vocab):
+        tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        tok.save(tok_path)
+
+    spec = {"name": "tokds", "source": {"format": "jsonl", "uri": raw},
+            "transforms": [{"tokenize": {"column": "text", "tokenizer": tok_path}}]}
+    save({"[UNK]": 0, "hello": 3, "world": 4, "planned": 5})
+    ds = Pipeline(spec).dataset()
+    save({"[UNK]": 0, "hello": 30, "world": 40})  # replaced before any batch ran
+    with pytest.raises(Exception, match=r"tok-ds\.json changed after the run was planned"):
+        ds.take_all()
+    ds = Pipeline(spec).dataset()  # planned now: the current content
+    assert sorted(r["tokens"] for r in ds.take_all()) == [[30, 40], [40, 30]]
+
+
 def _image_spec(local_dir: str) -> dict:
     import os
 
