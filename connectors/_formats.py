@@ -180,6 +180,11 @@ class FileFormat:
         parse: Bytes -> table, for text formats (None: Parquet reads footers).
         suffix_options: Option defaults that depend on the file name
             (``.tsv`` files are tab-separated).
+        fingerprinted_defaults: The options a pipeline fingerprint writes out
+            at their defaults (those the format had when fingerprints first
+            normalised specs). An option added since is left out of it while
+            at its default, as transform arguments are, so adding one changes
+            no existing fingerprint: do not add to this tuple.
     """
 
     name: str
@@ -191,6 +196,7 @@ class FileFormat:
     parse: Callable[[bytes, Mapping[str, Any]], pa.Table] | None = None
     suffix_options: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
     lists_every_file: bool = False
+    fingerprinted_defaults: tuple[str, ...] = ()
 
     @property
     def listing_suffixes(self) -> tuple[str, ...]:
@@ -246,6 +252,7 @@ FORMATS: dict[str, FileFormat] = {
             reader="read_csv",
             parse=_parse_csv,
             suffix_options={".tsv": {"delimiter": "\t"}, ".tsv.gz": {"delimiter": "\t"}},
+            fingerprinted_defaults=("delimiter",),
         ),
         FileFormat(
             name="text",
@@ -256,6 +263,7 @@ FORMATS: dict[str, FileFormat] = {
             reader="read_text",
             takes_columns=False,
             parse=_parse_text,
+            fingerprinted_defaults=("drop_empty_lines",),
         ),
     )
 }

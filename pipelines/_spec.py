@@ -648,7 +648,11 @@ def _names_fixed_by(fmt: Any, uri: str) -> bool:
 
 
 def _source_options(src: Mapping[str, Any], *, folders: Container[str]) -> dict[str, Any]:
-    """Every reader option of ``src``, the defaults filled in (what the reader uses).
+    """The reader options of ``src`` as the fingerprint writes them: ``columns``,
+    ``shuffle_seed`` and the format's ``fingerprinted_defaults`` always, with
+    their defaults filled in (what the reader uses); any other option only
+    where given and not at its default (so adding an option to a format
+    changes no fingerprint).
 
     An option whose default depends on each file's name (CSV's ``delimiter``:
     tab for ``.tsv``) is filled in only where the URI fixes the names (see
@@ -660,21 +664,35 @@ def _source_options(src: Mapping[str, Any], *, folders: Container[str]) -> dict[
 
     given = {k: v for k, v in (src.get("options") or {}).items() if v is not None}
     fmt = FORMATS.get(src["format"])
-    names = ("columns", "shuffle_seed") if fmt is None else fmt.spec_options
-    out: dict[str, Any] = {k: given.get(k) for k in names}
     if fmt is None:  # a committed dataset
-        return out
+        return {k: given.get(k) for k in ("columns", "shuffle_seed")}
+    always = {k for k in fmt.spec_options if k not in fmt.options or k in fmt.fingerprinted_defaults}
+    out: dict[str, Any] = {k: given.get(k) for k in fmt.spec_options if k in always}
     by_name = {k for opts in fmt.suffix_options.values() for k in opts}
     uri = canonical_uri(src["uri"])
     fixed = _names_fixed_by(fmt, uri) and uri not in folders
     for key, default in fmt.options.items():
-        if key in given:
+        if key not in always:
+            # Over a folder a name-dependent option given at its default still
+            # decides something (every file's reading); elsewhere it does not.
+            at_default = _same_value(given.get(key), fmt.options_for(uri.rsplit("/", 1)[-1])[key]
+                                     if fixed else default)
+            if key in given and (not at_default or (key in by_name and not fixed)):
+                out[key] = given[key]
+        elif key in given:
             continue
-        if key not in by_name:
+        elif key not in by_name:
             out[key] = default
         elif fixed:
             out[key] = fmt.options_for(uri.rsplit("/", 1)[-1])[key]
     return out
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Whether ``a`` and ``b`` are one value of one YAML type (``True`` is not ``1``)."""
+    from slicefeed.transforms._registry import json_form
+
+    return json.dumps(json_form(a), sort_keys=True) == json.dumps(json_form(b), sort_keys=True)
 
 
 def canonical_spec(spec: Mapping[str, Any], *, folders: Container[str] = ()) -> dict[str, Any]:
@@ -683,7 +701,7 @@ def canonical_spec(spec: Mapping[str, Any], *, folders: Container[str] = ()) -> 
 
     Sources by their canonical URI (:func:`~slicefeed.connectors._fs.canonical_uri`:
     ``gs://b/raw/`` is ``gs://b/raw``, a local path is absolute and normalised),
-    format and reader options with defaults filled in (see :func:`_source_options`);
+    format and reader options (see :func:`_source_options`);
     in a mixture also each source's name (its index when unnamed) and weight
     (a number), which decide its rows; a lone source's name and weight decide
     nothing and are left out. Each transform as it runs

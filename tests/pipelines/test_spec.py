@@ -309,3 +309,29 @@ def test_transform_arguments_of_their_declared_types_pass_and_ints_are_numbers()
     assert RandomFlip(p=np.float32(0.25), seed=np.int64(3), vertical=np.bool_(True)).seed == 3
     with pytest.raises(SpecError, match=r"RandomFlip: argument 'horizontal' must be true or false; got 'no'"):
         RandomFlip(horizontal="no")
+
+
+def test_a_reader_option_added_later_changes_no_fingerprint(monkeypatch):
+    """Reader options were all written into the fingerprint with their defaults,
+    so giving a format one more option (whose default reads as before) would
+    have changed the fingerprint of every pipeline of that format, and each
+    committed dataset would be recomputed or refused. Such an option now counts
+    only where given and not at its default; the options fingerprints already
+    hold keep their form (these digests are pinned)."""
+    import dataclasses
+
+    from slicefeed.connectors._formats import FORMATS
+
+    tsv = validate_spec(_with(source={"format": "csv", "uri": "/data/in/a.tsv"}))
+    text = validate_spec(_with(source={"format": "text", "uri": "/data/in", "options": {"shuffle_seed": 3}},
+                               transforms=[{"select": {"columns": ["text"]}}]))
+    pinned = {"tsv": "6f14fecf50771f60f01708fdcd7d203706ad8c7c9a59819f5aa84bd4716588e7",
+              "text": "e39e068982fe12b385e42e3abe0fb18ac461d26daeee20f4dcfc15a693dfd7e4"}
+    assert {"tsv": fingerprint(tsv), "text": fingerprint(text)} == pinned
+    csv = FORMATS["csv"]
+    monkeypatch.setitem(FORMATS, "csv", dataclasses.replace(csv, options={**csv.options, "quote": '"'}))
+    assert fingerprint(tsv) == pinned["tsv"]
+    at_default = {**tsv, "source": {**tsv["source"], "options": {"quote": '"'}}}
+    other = {**tsv, "source": {**tsv["source"], "options": {"quote": "'"}}}
+    assert fingerprint(at_default) == pinned["tsv"]
+    assert fingerprint(other) != pinned["tsv"]
