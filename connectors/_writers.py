@@ -168,15 +168,36 @@ class CommittedParquetDatasink(Datasink[dict]):
         logger.warning("Writing %s failed; nothing was committed.", self.target.uri)
 
 
+def _nullable_union(a: pa.Schema, b: pa.Schema) -> pa.Schema | None:
+    """``a`` with each column nullable that is nullable in ``b``, where the two
+    differ in declared nullability only (same columns, order, types and field
+    metadata); else None."""
+    if a.names != b.names:
+        return None
+    fields = []
+    for f, g in zip(a, b):
+        if not f.with_nullable(True).equals(g.with_nullable(True), check_metadata=True):
+            return None
+        fields.append(f.with_nullable(f.nullable or g.nullable))
+    return pa.schema(fields, metadata=a.metadata)
+
+
 def _common_schema(returns: list[dict], uri: str) -> pa.Schema | None:
     """The one schema of a write's shards, or ValueError naming where two differ:
-    by input file where a shard is one input file's (``input``), else by shard."""
+    by input file where a shard is one input file's (``input``), else by shard.
+
+    Shards that differ only in a column declared ``not null`` in some and
+    nullable in others (Parquet files of two writers) agree: the dataset's
+    column is nullable, and each shard keeps its own declaration (readers
+    take the manifest's schema, see ``pipelines/_loader/_sources.shard_schema``)."""
     schema: pa.Schema | None = None
     first: dict = {}
     for r in returns:
         s = pa.ipc.read_schema(pa.py_buffer(r["schema"]))
         if schema is None:
             schema, first = s, r
+        elif not s.equals(schema) and (union := _nullable_union(schema, s)) is not None:
+            schema = union
         elif not s.equals(schema):
             diff, missing = _schema_diff(schema, s)
             more = f" and {len(diff) - 3} more" if len(diff) > 3 else ""

@@ -169,3 +169,31 @@ def test_killed_writer_leaves_no_manifest_then_rerun_commits(ray_cluster, base_u
     assert left == sorted(f.path for f in m.files), (left, strays)
     doc = json.loads(target.fs.cat_file(target.join("_versions", f"{m.version:020d}.json").path))
     assert doc["num_rows"] == 40 and doc["format"] == "slicefeed.dataset/v2"
+
+
+def test_shards_of_other_types_are_refused_and_of_other_nullability_agree():
+    """The schema a write commits: shards that differ in a column's type are
+    refused, naming both files and the fix; shards that differ only in whether
+    a column is declared not null agree on a nullable column (the field
+    metadata must still match: it marks bfloat16 bits)."""
+    import pyarrow as pa
+    import pytest
+
+    from slicefeed.connectors._writers import _common_schema
+
+    def shard(i: int, *fields: pa.Field) -> dict:
+        return {"path": f"part-{i}.parquet", "input": f"in/{i}.parquet",
+                "schema": pa.schema(fields).serialize().to_pybytes()}
+
+    required = pa.field("v", pa.int64(), nullable=False)
+    got = _common_schema([shard(0, pa.field("id", pa.int32()), required),
+                          shard(1, pa.field("id", pa.int32()), required.with_nullable(True)),
+                          shard(2, pa.field("id", pa.int32()), required)], "mem://out")
+    assert got == pa.schema([pa.field("id", pa.int32()), pa.field("v", pa.int64())])
+    with pytest.raises(ValueError, match=r"mem://out: the rows of input file in/0.parquet and of input "
+                                         r"file in/1.parquet have different types \('v': int64 vs "
+                                         r"string\)\. Add a `cast` transform"):
+        _common_schema([shard(0, required), shard(1, pa.field("v", pa.string()))], "mem://out")
+    marked = required.with_metadata({b"slicefeed.dtype": b"bfloat16"})
+    with pytest.raises(ValueError, match=r"different types \('v': int64 not null vs int64 nullable\)"):
+        _common_schema([shard(0, marked), shard(1, required.with_nullable(True))], "mem://out")

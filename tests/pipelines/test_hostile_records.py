@@ -14,7 +14,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from slicefeed.connectors import SpecError, is_committed, read_dataset, resolve_filesystem
+from slicefeed.connectors import (
+    SpecError,
+    is_committed,
+    read_dataset,
+    read_manifest,
+    resolve_filesystem,
+)
 from slicefeed.pipelines import Pipeline
 from tests._harness import put_bytes, run_slicefeed
 
@@ -570,10 +576,12 @@ def test_input_files_whose_types_differ_are_named_in_a_bounded_message(ray_clust
                      msg), msg
 
 
-def test_input_files_differing_by_a_column_or_by_nulls_allowed_are_told_apart(ray_cluster,
-                                                                               local_dir):
-    """A column only the first file has, and a column one Parquet file declares
-    not null, were both reported as "the same columns in another order"."""
+def test_input_files_differing_by_a_column_are_told_apart_and_by_nulls_allowed_agree(
+        ray_cluster, local_dir):
+    """A column only the first file has was reported as "the same columns in
+    another order". Parquet files of two writers, one declaring a column not
+    null, were refused until a cast: a not-null column is a nullable one
+    without nulls, so they commit as one nullable column, values unchanged."""
     put_bytes(f"{local_dir}/raw/a.csv", b"id,zip,extra\n1,10001,5\n")
     put_bytes(f"{local_dir}/raw/b.csv", b"id,zip\n2,10002\n")
     with pytest.raises(ValueError) as e:
@@ -586,16 +594,17 @@ def test_input_files_differing_by_a_column_or_by_nulls_allowed_are_told_apart(ra
     pq.write_table(pa.table({"id": [1], "v": [7]}, schema=required), f"{base}/raw/a.parquet")
     pq.write_table(pa.table({"id": [2], "v": [None]}, schema=pa.schema(
         [pa.field("id", pa.int64()), pa.field("v", pa.int64())])), f"{base}/raw/b.parquet")
-    with pytest.raises(ValueError) as e:
-        Pipeline(_spec(base, "parquet", on_error="fail")).run()
-    assert re.search(r"different types \('v': int64 (not null vs int64 nullable|nullable vs "
-                     r"int64 not null)\)\. Add a `cast` transform", str(e.value)), str(e.value)
-    # The advice holds: a cast makes the column nullable in every batch.
-    spec = _spec(base, "parquet", on_error="fail",
-                 transforms=[{"cast": {"columns": {"v": "int64"}}}])
-    assert Pipeline(spec).run().rows_written == 2
+    assert Pipeline(_spec(base, "parquet", on_error="fail")).run().rows_written == 2
+    assert read_manifest(f"{base}/out").schema == pa.schema([("id", pa.int64()), ("v", pa.int64())])
     assert sorted(read_dataset(f"{base}/out").take_all(), key=lambda r: r["id"]) == [
         {"id": 1, "v": 7}, {"id": 2, "v": None}]
+    # Files that all declare it not null keep that declaration.
+    both = f"{local_dir}/required"
+    os.makedirs(f"{both}/raw")
+    for i in (1, 2):
+        pq.write_table(pa.table({"id": [i], "v": [7 * i]}, schema=required), f"{both}/raw/{i}.parquet")
+    assert Pipeline(_spec(both, "parquet", on_error="fail")).run().rows_written == 2
+    assert read_manifest(f"{both}/out").schema == required
 
 
 @pytest.mark.slow
