@@ -95,6 +95,13 @@ class LoaderOptions:
                     f"got {type(v).__name__}."
                 )
             fix(name, dict(v))
-        fix("shuffle", bool(self.shuffle))
-        fix("host_local", bool(self.host_local))
+        for name in ("shuffle", "host_local"):
+            v = getattr(self, name)
+            if type(v).__name__ not in ("bool", "bool_"):  # Python's or NumPy's
+                raise SpecError(
+                    f"JaxLoader: {name} must be True or False, got {short_repr(v)} "
+                    f"({type(v).__name__}); a string such as 'false' from a config file "
+                    "or command line would count as true."
+                )
+            fix(name, bool(v))
         fix("sync_timeout_s", float(self.sync_timeout_s))

@@ -92,6 +92,11 @@ def test_reader_argument_is_validated(jax_cpu, committed):
         JaxLoader(uri, global_batch_size=8, reader="threads")
     with pytest.raises(SpecError, match=r"local_read_ahead must be >= 1, got 0"):
         JaxLoader(uri, global_batch_size=8, local_read_ahead=0)
+    # A flag given as text (a config file, a command line) was bool()'d, so
+    # shuffle="false" shuffled.
+    for name, bad in (("shuffle", "false"), ("host_local", "no"), ("shuffle", 0)):
+        with pytest.raises(SpecError, match=rf"{name} must be True or False, got {bad!r}"):
+            JaxLoader(uri, global_batch_size=8, **{name: bad})
 
 
 def test_local_reader_close_midway_stops_reading(jax_cpu, committed, small_windows):
