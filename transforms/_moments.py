@@ -1,4 +1,4 @@
-"""One Ray aggregation per numeric column for the fitted scalers (imports Ray).
+"""The column statistics the fitted scalers need, in one Ray pass (imports Ray).
 
 :class:`ColumnSummary` gathers, in one pass, what :mod:`._scaling` fits from a
 column: the count, mean and standard deviation of its finite values, their min
@@ -30,14 +30,19 @@ are all equal reports mean = that value and std = 0 exactly.
 
 from __future__ import annotations
 
+import json
 import math
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from ray.data.aggregate import AggregateFnV2
 from ray.data.block import BlockAccessor
 
 from slicefeed.transforms._dtypes import as_float64
+
+if TYPE_CHECKING:  # pragma: no cover
+    import ray.data
 
 #: Accumulator slots: finite count, exact sum (an int, units 2^-_BIAS), exact
 #: sum of squares (an int, units 2^-2*_BIAS), min, max, NaN count, +inf count,
@@ -170,3 +175,28 @@ class ColumnSummary(AggregateFnV2):
         s = max(0, (130 - dev.bit_length()) // 2)
         std = math.isqrt(dev << (2 * s)) / (n << (_BIAS + s))
         return {"count": n, "mean": mean, "std": std, "min": lo, "max": hi, **counts}
+
+
+def summarize(ds: ray.data.Dataset, columns: Sequence[str], *, moments: bool = True
+              ) -> dict[str, dict[str, Any]]:
+    """:class:`ColumnSummary` results of ``columns`` over all of ``ds``, by column.
+
+    One Ray pass: each block's accumulators (exact integers, see the module
+    docstring) are computed on a worker and sent to the driver as one small
+    JSON row, where they are merged as they arrive; merging is integer
+    addition and min/max, so the arrival order does not matter.
+    """
+    import pyarrow as pa
+
+    cols = list(columns)
+    summaries = [ColumnSummary(c, alias_name=c, moments=moments) for c in cols]
+
+    def partial(batch: pa.Table) -> pa.Table:
+        return pa.table({"acc": [json.dumps([s.aggregate_block(batch) for s in summaries])]})
+
+    accs = [_empty() for _ in cols]
+    parts = ds.select_columns(cols).map_batches(partial, batch_format="pyarrow", batch_size=None)
+    for b in parts.iter_batches(batch_format="pyarrow", batch_size=None):
+        for text in b.column("acc").to_pylist():
+            accs = [s.combine(a, p) for s, a, p in zip(summaries, accs, json.loads(text))]
+    return {c: s.finalize(a) for c, s, a in zip(cols, summaries, accs)}
