@@ -19,8 +19,13 @@ Entries (private attribute -> fallback when it is gone):
   -> every node's total resources from the public ``ray.nodes()``.
 - :func:`dataset_meta_count` -- ``ray.data.Dataset._meta_count`` -> None (unknown).
 - :func:`jax_kv_client` -- ``jax._src.distributed.global_state.client`` -> None.
-- :func:`dataset_preserving_order` -- ``Dataset._context`` (its own copy of the
-  DataContext) -> the copy keeps sharing the caller's context.
+- :func:`dataset_preserving_order` / :func:`dataset_sorting_shuffle` --
+  ``Dataset._context`` (its own copy of the DataContext) -> the copy keeps
+  sharing the caller's context (and, for the second, a DataContext without
+  ``shuffle_strategy`` keeps its own).
+- :func:`blocks_of_rows` -- ``strict=`` of ``Dataset.repartition`` (public in
+  Ray 2.60, not in every release the version range allows) -> blocks of at
+  most the row count.
 - :func:`kv_try_get` -- the key-value client's ``key_value_try_get`` (non-blocking)
   -> a 10 ms blocking get.
 - :func:`kv_wait` -- the key-value client's ``blocking_key_value_get`` (the
@@ -56,8 +61,10 @@ from typing import Any
 __all__ = [
     "CHECKED_VERSIONS",
     "available_resources_per_node",
+    "blocks_of_rows",
     "dataset_meta_count",
     "dataset_preserving_order",
+    "dataset_sorting_shuffle",
     "disable_ray_data_progress_bars",
     "gcsfs_undecorated_request",
     "jax_kv_client",
@@ -190,17 +197,52 @@ def disable_ray_data_progress_bars() -> None:
     log_once("ray_data_progress_manager_disabled")
 
 
-def dataset_preserving_order(ds: Any) -> Any:
-    """A copy of ``ds`` whose execution keeps block order, without changing the
-    caller's Dataset or the global DataContext."""
+def _own_context(ds: Any) -> Any:
+    """A copy of ``ds`` with its own DataContext (``Dataset.copy`` shares the
+    caller's), so settings made on it change neither the caller's Dataset nor
+    the global DataContext."""
     import ray.data
 
     out = ray.data.Dataset.copy(ds)
     if hasattr(out, "_context"):
-        # copy() shares the context object; give the copy its own.
         out._context = out.context.copy()
+    return out
+
+
+def dataset_preserving_order(ds: Any) -> Any:
+    """A copy of ``ds`` whose execution keeps block order, without changing the
+    caller's Dataset or the global DataContext."""
+    out = _own_context(ds)
     out.context.execution_options.preserve_order = True
     return out
+
+
+def dataset_sorting_shuffle(ds: Any) -> Any:
+    """A copy of ``ds`` whose shuffles (``sort``, ``groupby``) run as Ray's
+    sort-based pull shuffle (``ShuffleStrategy.SORT_SHUFFLE_PULL_BASED``: tasks
+    whose output is in key order), not the hash shuffle Ray 2.60 defaults to,
+    whose aggregator actors start for each shuffle (5-8 s fixed on a small
+    cluster) and whose output blocks come in another order on each run. The
+    caller's Dataset and the global DataContext are unchanged."""
+    from ray.data import context as ray_context
+
+    out = _own_context(ds)
+    strategy = getattr(ray_context, "ShuffleStrategy", None)
+    if strategy is not None and hasattr(out.context, "shuffle_strategy"):
+        out.context.shuffle_strategy = strategy.SORT_SHUFFLE_PULL_BASED
+    return out
+
+
+def blocks_of_rows(ds: Any, rows: int) -> Any:
+    """``ds`` cut into blocks of exactly ``rows`` rows in its order (the last
+    one shorter): Ray's streaming ``repartition(target_num_rows_per_block=rows,
+    strict=True)``. A Ray without ``strict`` makes them at most ``rows``
+    (best effort, so then the cut depends on the blocks that came in)."""
+    import inspect
+
+    if "strict" in inspect.signature(ds.repartition).parameters:
+        return ds.repartition(target_num_rows_per_block=rows, strict=True)
+    return ds.repartition(target_num_rows_per_block=rows)
 
 
 def kv_try_get(client: Any, key: str) -> str | None:

@@ -39,6 +39,7 @@ from slicefeed.connectors import (
     SpecError,
     short_repr,
 )
+from slicefeed.connectors._compat import dataset_sorting_shuffle
 from slicefeed.connectors._names import ERROR_COLUMN, RAW_COLUMN
 from slicefeed.pipelines._spec import MAX_WEIGHT
 from slicefeed.transforms._hashing import GOLDEN, mix64
@@ -265,6 +266,10 @@ def interleave(
                 taken = counts[i] + bad_taken
             read[name] = {"rows_read": taken, "rows_not_taken": records[i] - taken}
     mixed = parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
+    # Ray's sort-based shuffle: tasks, where Ray 2.60's default hash shuffle
+    # starts actors for every sort (5-8 s fixed on a small cluster); the order
+    # is the sort keys' either way.
+    mixed = dataset_sorting_shuffle(mixed)
     # Ray's sort samples its range boundaries, so the sizes of its output blocks
     # (not their rows' order) differ from run to run; a transform whose output
     # depends on batch boundaries (pack_sequences) would then differ too. A split

@@ -31,6 +31,10 @@ DEDUP_BUCKETS = 256
 #: unless ``partitions`` says otherwise (Ray's own default for a hash shuffle,
 #: written here so the output order does not follow a changed Ray context).
 DEDUP_PARTITIONS = 200
+#: Rows per block of :meth:`Deduplicate.dataset_op`'s output (the last block
+#: holds the rest): fixed, so what each block holds, and so the shards and
+#: what a batch transform after it sees together, is the same on every run.
+DEDUP_BLOCK_ROWS = 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +47,11 @@ class Deduplicate(Transform):
     of the key hash, a shuffle; each bucket deduplicated by one call) and keeps,
     per key, the row with the smallest (``_sf_file``, ``_sf_row``), so the
     survivor does not depend on scheduling. Rows come out by bucket, each
-    bucket's in (``_sf_file``, ``_sf_row``) order. Called on a table
+    bucket's in (``_sf_file``, ``_sf_row``) order, in blocks of
+    :data:`DEDUP_BLOCK_ROWS` rows: the output, blocks included, is a function
+    of the input rows alone, whatever order Ray's tasks finish in (the
+    returned dataset keeps block order: ``preserve_order``). The shuffle is
+    Ray's sort-based one, on a copy of the dataset's context. Called on a table
     (``t(table)``), it deduplicates within that table only. Nulls are equal to
     each other for this purpose, and so are 0.0 and -0.0; NaN keys are equal
     when their bits are (every NaN arithmetic produces is the same one).
@@ -54,9 +62,10 @@ class Deduplicate(Transform):
             over, 1 to :data:`DEDUP_BUCKETS`; default :data:`DEDUP_PARTITIONS`.
             Each holds about 1/``partitions`` of the data in one task, so keep
             the default for large data; a small input runs faster with a few
-            (each partition costs a fixed scheduling overhead). The survivors
-            are the same for any value; the order rows come out in is not, so
-            a non-default value is part of the pipeline's fingerprint.
+            (each partition costs a fixed scheduling overhead). The survivors,
+            their order and their blocks are the same for any value; it is
+            part of the pipeline's fingerprint when not the default all the
+            same (it is an argument).
     """
 
     name: ClassVar[str] = "deduplicate"
@@ -126,6 +135,12 @@ class Deduplicate(Transform):
 
     def dataset_op(self, ds: ray.data.Dataset, *, tasks: DatasetTasks | None = None
                    ) -> ray.data.Dataset:
+        from slicefeed.connectors._compat import (
+            blocks_of_rows,
+            dataset_preserving_order,
+            dataset_sorting_shuffle,
+        )
+
         tasks = tasks or DatasetTasks()
         keys_hash = self._key_hash
         key = _HASH_COLUMN
@@ -144,8 +159,16 @@ class Deduplicate(Transform):
         # Group by a bucket of a 64-bit hash of the keys (one scalar, nulls
         # allowed); exact comparison of the real key columns happens within each
         # bucket, so equal keys, which share a bucket, are always compared.
-        keyed = tasks.map_batches(ds, add_key, what=f"transform {self.name} (hashing the keys)",
+        # Ray's sort-based shuffle hands the buckets over in key order, so the
+        # rows come out by bucket, each bucket's in (_sf_file, _sf_row) order,
+        # whatever order the blocks arrive in (kept: preserve_order); cutting
+        # them into blocks of DEDUP_BLOCK_ROWS in that order then fixes what
+        # each block holds, as the shuffle's sampled range boundaries would not.
+        ordered = dataset_preserving_order(dataset_sorting_shuffle(ds))
+        keyed = tasks.map_batches(ordered, add_key,
+                                  what=f"transform {self.name} (hashing the keys)",
                                   batch_format="pyarrow")
-        return tasks.map_groups(keyed.groupby(key, num_partitions=self.partitions), per_group,
-                                what=f"transform {self.name} (one row per key)",
-                                batch_format="pyarrow")
+        deduped = tasks.map_groups(keyed.groupby(key, num_partitions=self.partitions), per_group,
+                                   what=f"transform {self.name} (one row per key)",
+                                   batch_format="pyarrow")
+        return blocks_of_rows(deduped, DEDUP_BLOCK_ROWS)

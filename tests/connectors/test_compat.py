@@ -63,6 +63,28 @@ def test_dataset_preserving_order(ray_cluster):
     assert out.take_all() == [{"a": 1}, {"a": 2}, {"a": 3}]
 
 
+def test_dataset_sorting_shuffle(ray_cluster):
+    import ray
+    from ray.data.context import ShuffleStrategy
+
+    ds = ray.data.from_arrow(pa.table({"a": [3, 1, 2]}))
+    before = ds.context.shuffle_strategy
+    out = _compat.dataset_sorting_shuffle(ds)
+    assert out.context.shuffle_strategy == ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
+    assert ds.context.shuffle_strategy == before  # caller's untouched
+    assert out.sort("a").take_all() == [{"a": 1}, {"a": 2}, {"a": 3}]
+
+
+def test_blocks_of_rows(ray_cluster):
+    import ray
+
+    ds = ray.data.from_arrow([pa.table({"a": list(range(k, k + 5))}) for k in (0, 5, 10)])
+    out = _compat.blocks_of_rows(_compat.dataset_preserving_order(ds), 4)
+    tables = ray.get(out.to_arrow_refs())
+    assert [t.num_rows for t in tables] == [4, 4, 4, 3]
+    assert [r for t in tables for r in t.column("a").to_pylist()] == list(range(15))
+
+
 def test_task_retry_args_silences_only_the_remote_args_deprecation(ray_cluster):
     import warnings
 

@@ -383,3 +383,45 @@ def test_mixture_order_of_tied_bad_records_does_not_follow_block_order(ray_clust
     assert runs[0] == runs[1] == runs[2]
     errors = [r[ERROR_COLUMN] for r in runs[0] if r[ERROR_COLUMN]]
     assert errors == ["bad a.jsonl#2", "bad a.jsonl#3", "bad b.jsonl#0", "bad b.jsonl#1"], errors
+
+
+@pytest.mark.slow  # two runs, one with a 4 s stall
+def test_deduplicate_then_packing_commits_the_same_shards_every_run(ray_cluster, local_dir, monkeypatch):
+    """``deduplicate``'s output came in another block order on each run (Ray's
+    hash shuffle hands its partitions over as its actors finish), so the shards,
+    and what ``pack_sequences`` packed from each block, differed between two
+    runs of one spec. Its rows now come out in key-bucket order, cut into blocks
+    of a fixed row count, so both runs commit the same shards byte for byte,
+    with one of the first run's read tasks stalled."""
+    import random
+
+    import tests.pipelines._stall_transform  # noqa: F401 - registers test_stall
+    from slicefeed.pipelines import Pipeline
+    from slicefeed.transforms import _dedup
+
+    monkeypatch.setattr(_dedup, "DEDUP_BLOCK_ROWS", 64, raising=False)  # several blocks
+    rnd = random.Random(1)
+    raw = os.path.join(local_dir, "raw")
+    os.makedirs(raw)
+    for f in range(4):
+        with open(os.path.join(raw, f"f{f}.jsonl"), "w") as out:
+            for i in range(300):
+                text = " ".join(rnd.choice(["ab", "cd", "efg", "hi"]) for _ in range(rnd.randint(1, 7)))
+                out.write(json.dumps({"id": f * 1000 + i, "text": text}) + "\n")
+    marker = os.path.join(local_dir, "stalled")
+    runs = []
+    for run in range(2):
+        spec = {
+            "name": "dedup-pack", "source": {"format": "jsonl", "uri": raw},
+            "transforms": [{"test_stall": {"marker": marker, "match": "f0", "seconds": 4}},
+                           {"deduplicate": {"columns": ["text"], "partitions": 8}},
+                           {"tokenize": {"column": "text", "tokenizer": "bytes", "add_eos": True}},
+                           {"pack_sequences": {"column": "tokens", "seq_len": 32}}],
+            "sink": {"format": "parquet", "uri": os.path.join(local_dir, f"out{run}")},
+        }
+        assert Pipeline(spec).run().status == "committed"
+        assert os.path.exists(marker)
+        runs.append(_committed_shards(os.path.join(local_dir, f"out{run}")))
+    assert len(runs[0]) > 2
+    assert [rows for *_, rows in runs[0]] == [rows for *_, rows in runs[1]]
+    assert [meta for *meta, _ in runs[0]] == [meta for *meta, _ in runs[1]]
