@@ -153,7 +153,11 @@ def _expected(value: Any, hint: Any) -> str | None:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
         wants = [_expected(value, a) for a in args]
-        return None if None in wants else " or ".join(dict.fromkeys(wants))
+        if None in wants:
+            return None
+        if "a number" in wants:  # int | float: an integer is a number
+            wants = [w for w in wants if w != "an integer"]
+        return " or ".join(dict.fromkeys(wants))
     if hint is type(None):
         return None if value is None else "null"
     if hint is bool:

@@ -222,7 +222,7 @@ def test_inline_credentials_are_never_echoed(raw, local_dir, how):
     ({"transforms": [{"pad_or_truncate": {"column": "toks", "length": 10**12}}]},
      r"length must be at most 1048576"),
     ({"transforms": [{"pad_or_truncate": {"column": "toks", "length": 8, "pad_value": "zero"}}]},
-     r"pad_value must be a number"),
+     r"pad_value' must be a number"),
     ({"transforms": [{"pad_or_truncate": {"column": "toks", "length": 8, "pad_value": 1.5}}]},
      r"pad_value 1\.5 does not fit the list's value type int64"),
     ({"sources": "dup"}, r"sources\.1\.name 'web' is used by sources\.0"),
