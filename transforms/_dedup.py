@@ -27,9 +27,9 @@ _HASH_COLUMN = "__sf_key"
 #: most this many, not one per distinct key (millions, in text deduplication).
 #: Fixed, so a run's output order does not depend on the cluster.
 DEDUP_BUCKETS = 256
-#: Shuffle partitions :meth:`Deduplicate.dataset_op` spreads the buckets over
-#: unless ``partitions`` says otherwise (Ray's own default for a hash shuffle,
-#: written here so the output order does not follow a changed Ray context).
+#: Shuffle partitions (reduce tasks) :meth:`Deduplicate.dataset_op` spreads the
+#: buckets over unless ``partitions`` says otherwise: Ray's own default for a
+#: shuffle, written here so that a changed Ray context does not change it.
 DEDUP_PARTITIONS = 200
 #: Rows per block of :meth:`Deduplicate.dataset_op`'s output (the last block
 #: holds the rest): fixed, so what each block holds, and so the shards and
@@ -63,9 +63,9 @@ class Deduplicate(Transform):
             Each holds about 1/``partitions`` of the data in one task, so keep
             the default for large data; a small input runs faster with a few
             (each partition costs a fixed scheduling overhead). The survivors,
-            their order and their blocks are the same for any value; it is
-            part of the pipeline's fingerprint when not the default all the
-            same (it is an argument).
+            their order and their blocks are the same for any value; a value
+            other than the default still changes the pipeline's fingerprint,
+            as any argument does.
     """
 
     name: ClassVar[str] = "deduplicate"

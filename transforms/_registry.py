@@ -203,8 +203,10 @@ def check_argument_types(t: Any) -> None:
         if want is not None:
             fix = ("in YAML, quote it" if isinstance(value, (bool, int, float)) and "string" in want
                    else "in YAML, write numbers and true/false without quotes")
+            kind = type_name(value)
             raise t._spec_error(
-                f"argument {name!r} must be {want}; got {short_repr(value)} (a {type_name(value)}); {fix}"
+                f"argument {name!r} must be {want}; got {short_repr(value)} "
+                f"({'an' if kind[:1] in 'aeiou' else 'a'} {kind}); {fix}"
             )
 
 
