@@ -486,6 +486,40 @@ def run_child(script: str, cfg: dict, env: dict, timeout: float, *, prefix: str,
     return res, True
 
 
+def local_ray(cpus: int):
+    """Starts a local Ray of ``cpus`` CPUs for a one-process benchmark (the
+    environment of :func:`process_env`, no dashboard or progress bars) and
+    returns the ``ray`` module."""
+    for k, v in process_env().items():
+        os.environ.setdefault(k, v)
+    import ray
+
+    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    return ray
+
+
+def timing_report(times: dict[str, list[float]], baseline: str, *, config: dict,
+                  json_path: str | None, **extra: Any) -> dict:
+    """Medians of ``times`` (seconds per case), each case's speedup against
+    ``baseline``, printed one line per case and written to ``json_path`` with
+    ``config``, the machine and ``extra``; returns that document."""
+    import statistics
+
+    med = {c: statistics.median(v) for c, v in times.items()}
+    speedup = {c: med[baseline] / med[c] for c in med}
+    results = {"config": config, "machine": machine_info(), **extra, "seconds": times,
+               "median_seconds": med, f"speedup_vs_{baseline}": speedup}
+    width = max(map(len, times)) + 2
+    for c, runs in times.items():
+        print(f"{c:{width}s} median {med[c]:7.3f} s  runs {', '.join(f'{x:.3f}' for x in runs)}  "
+              f"x{speedup[c]:.2f} vs {baseline}")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(results, f, indent=2)
+    return results
+
+
 def machine_info() -> dict:
     info: dict[str, Any] = {
         "nproc": os.cpu_count(),

@@ -27,9 +27,7 @@ alternate within a round), and the ratio of rows/s to ``ray_map_groups``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
 import sys
 import time
 
@@ -39,7 +37,7 @@ import pyarrow as pa
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from _benchlib import machine_info, process_env
+from _benchlib import local_ray, timing_report
 
 
 def make_blocks(rows: int, keys: int, blocks: int, seed: int = 0) -> list[pa.Table]:
@@ -107,12 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.rows, args.keys, args.repeat = 20_000, 5_000, 1
-    for k, v in process_env().items():
-        os.environ.setdefault(k, v)
-    import ray
-
-    ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    ray.data.DataContext.get_current().enable_progress_bars = False
+    ray = local_ray(args.cpus)
     blocks = make_blocks(args.rows, args.keys, args.blocks)
     times: dict[str, list[float]] = {c: [] for c in CASES}
     expected = None
@@ -126,21 +119,8 @@ def main(argv: list[str] | None = None) -> int:
                 expected = got
             elif got != expected:
                 raise SystemExit(f"{name} kept other rows ({len(got)} vs {len(expected)}): not timed")
-    med = {c: statistics.median(v) for c, v in times.items()}
-    results = {
-        "config": {k: getattr(args, k) for k in ("rows", "keys", "blocks", "cpus", "repeat")},
-        "machine": machine_info(),
-        "rows_out": len(expected or []),
-        "seconds": times,
-        "median_seconds": med,
-        "speedup_vs_ray_map_groups": {c: med["ray_map_groups"] / med[c] for c in med},
-    }
-    for c in CASES:
-        print(f"{c:16s} median {med[c]:7.2f} s  runs {', '.join(f'{x:.2f}' for x in times[c])}  "
-              f"x{results['speedup_vs_ray_map_groups'][c]:.2f} vs ray_map_groups")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    timing_report(times, "ray_map_groups", json_path=args.json, rows_out=len(expected or []),
+                  config={k: getattr(args, k) for k in ("rows", "keys", "blocks", "cpus", "repeat")})
     return 0
 
 

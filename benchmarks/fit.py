@@ -27,9 +27,7 @@ and the speedup against ``ray_aggregate``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
 import sys
 import time
 
@@ -39,7 +37,7 @@ import pyarrow as pa
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from _benchlib import machine_info, process_env
+from _benchlib import local_ray, timing_report
 
 
 def make_blocks(rows: int, columns: int, blocks: int, seed: int = 0) -> list[pa.Table]:
@@ -92,12 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.rows = 32
-    for k, v in process_env().items():
-        os.environ.setdefault(k, v)
-    import ray
-
-    ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    ray.data.DataContext.get_current().enable_progress_bars = False
+    ray = local_ray(args.cpus)
     blocks = make_blocks(args.rows, args.columns, args.blocks)
     cols = list(blocks[0].column_names)
     times: dict[str, list[float]] = {c: [] for c in CASES}
@@ -111,20 +104,8 @@ def main(argv: list[str] | None = None) -> int:
             times[name].append(time.perf_counter() - t0)
     if fitted["slicefeed"] != fitted["ray_aggregate"]:
         raise SystemExit("slicefeed and ray_aggregate fitted other statistics: not timed")
-    med = {c: statistics.median(v) for c, v in times.items()}
-    results = {
-        "config": {k: getattr(args, k) for k in ("rows", "columns", "blocks", "cpus", "repeat")},
-        "machine": machine_info(),
-        "seconds": times,
-        "median_seconds": med,
-        "speedup_vs_ray_aggregate": {c: med["ray_aggregate"] / med[c] for c in med},
-    }
-    for c in CASES:
-        print(f"{c:14s} median {med[c]:7.3f} s  runs {', '.join(f'{x:.3f}' for x in times[c])}  "
-              f"x{results['speedup_vs_ray_aggregate'][c]:.2f} vs ray_aggregate")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    timing_report(times, "ray_aggregate", json_path=args.json,
+                  config={k: getattr(args, k) for k in ("rows", "columns", "blocks", "cpus", "repeat")})
     return 0
 
 

@@ -120,20 +120,15 @@ def _rows(uri: str) -> list[dict]:
     return pa.concat_tables([pq.read_table(os.path.join(uri, f.path)) for f in m.files]).to_pylist()
 
 
-def test_replaced_tokenizer_json_is_used_by_the_next_run_in_the_same_process(
-        ray_cluster, local_dir):
-    """A tokenizer.json replaced between two runs of one process (a notebook, a
-    scheduler) tokenizes the second run: neither the driver nor the Ray workers
-    may keep the first file's tokenizer, since the manifest records the new
-    file's digest."""
+def _two_line_corpus_and_tokenizer(local_dir: str, tok_name: str):
+    """A folder with one JSONL file of two texts, the path of a tokenizer.json,
+    and ``save(vocab)``, which writes a word-level tokenizer of ``vocab`` there."""
     import json
     import os
 
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    from slicefeed.pipelines import Pipeline
-
-    raw, tok_path = os.path.join(local_dir, "raw"), os.path.join(local_dir, "tokenizer.json")
+    raw, tok_path = os.path.join(local_dir, "raw"), os.path.join(local_dir, tok_name)
     os.makedirs(raw)
     with open(os.path.join(raw, "a.jsonl"), "w") as f:
         f.write("".join(json.dumps({"text": t}) + "\n" for t in ["hello world", "world hello"]))
@@ -143,6 +138,20 @@ def test_replaced_tokenizer_json_is_used_by_the_next_run_in_the_same_process(
         tok.pre_tokenizer = pre_tokenizers.Whitespace()
         tok.save(tok_path)
 
+    return raw, tok_path, save
+
+
+def test_replaced_tokenizer_json_is_used_by_the_next_run_in_the_same_process(
+        ray_cluster, local_dir):
+    """A tokenizer.json replaced between two runs of one process (a notebook, a
+    scheduler) tokenizes the second run: neither the driver nor the Ray workers
+    may keep the first file's tokenizer, since the manifest records the new
+    file's digest."""
+    import os
+
+    from slicefeed.pipelines import Pipeline
+
+    raw, tok_path, save = _two_line_corpus_and_tokenizer(local_dir, "tokenizer.json")
     spec = {"name": "tok", "source": {"format": "jsonl", "uri": raw},
             "transforms": [{"tokenize": {"column": "text", "tokenizer": tok_path}}],
             "sink": {"format": "parquet", "uri": os.path.join(local_dir, "out")}}
@@ -163,23 +172,9 @@ def test_pipeline_dataset_tokenizes_with_the_tokenizer_json_it_was_planned_with(
     on every batch and used whatever it held then, so a file replaced while the
     dataset streamed mixed two tokenizers in one epoch. It now reads the file
     once when planned; a worker that must read it again refuses other content."""
-    import json
-    import os
-
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
     from slicefeed.pipelines import Pipeline
 
-    raw, tok_path = os.path.join(local_dir, "raw"), os.path.join(local_dir, "tok-ds.json")
-    os.makedirs(raw)
-    with open(os.path.join(raw, "a.jsonl"), "w") as f:
-        f.write("".join(json.dumps({"text": t}) + "\n" for t in ["hello world", "world hello"]))
-
-    def save(vocab):
-        tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-        tok.pre_tokenizer = pre_tokenizers.Whitespace()
-        tok.save(tok_path)
-
+    raw, tok_path, save = _two_line_corpus_and_tokenizer(local_dir, "tok-ds.json")
     spec = {"name": "tokds", "source": {"format": "jsonl", "uri": raw},
             "transforms": [{"tokenize": {"column": "text", "tokenizer": tok_path}}]}
     save({"[UNK]": 0, "hello": 3, "world": 4, "planned": 5})
