@@ -246,6 +246,14 @@ class _BudgetLoader(yaml.SafeLoader):
                 self._open.discard(anchor)
 
 
+# YAML 1.2 reads `1e3` and `2.5e-1` as numbers; PyYAML (YAML 1.1) reads an
+# exponent without a dot in the mantissa as a string, so a statistic written
+# `1e3` would reach a number argument as text.
+_BudgetLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))
+
+
 def safe_load_yaml(text: str, *, source: str = "pipeline spec") -> Any:
     """``yaml.safe_load`` with an alias-expansion budget (:data:`MAX_ALIAS_NODES`).
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import decimal
 import functools
 import json
 import numbers
@@ -148,7 +149,9 @@ def _expected(value: Any, hint: Any) -> str | None:
     this check does not read (the transform checks those itself).
 
     A boolean is not a number here, and a string is not a boolean: YAML's
-    ``"false"`` (quoted) or ``1`` given for a flag would otherwise be true.
+    ``"false"`` (quoted) or ``1`` given for a flag would otherwise be true. A
+    string or a mapping where a list is declared is not that list (``vocab:
+    abc`` would be three letters).
     """
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
@@ -166,17 +169,37 @@ def _expected(value: Any, hint: Any) -> str | None:
     if hint is int:
         return None if isinstance(value, numbers.Integral) and not flag else "an integer"
     if hint is float:
-        return None if isinstance(value, numbers.Real) and not flag else "a number"
+        number = isinstance(value, (numbers.Real, decimal.Decimal)) and not flag
+        return None if number else "a number"
     if hint is str:
         return None if isinstance(value, str) else "a string"
-    if origin in (tuple, list) and args and args[0] is not Any:
+    if origin in (tuple, list) and args:
+        if isinstance(value, (str, bytes, Mapping)):
+            return f"a list of {_plural(args[0])}"
         if not isinstance(value, (list, tuple)):
-            return None  # a single value where a list is wanted: the transform says what it takes
-        ok = all(_expected(x, args[0]) is None for x in value)
-        return None if ok else f"a list of {_plural(args[0])}"
+            return None  # another value where a list is wanted: the transform says what it takes
+        return None if _bad_item(value, hint) is None else f"a list of {_plural(args[0])}"
     if origin is dict and len(args) == 2 and isinstance(value, Mapping):
-        ok = all(_expected(k, args[0]) is None and _expected(v, args[1]) is None for k, v in value.items())
-        return None if ok else f"a mapping of {_plural(args[0])} to {_plural(args[1])}"
+        return None if _bad_item(value, hint) is None else \
+            f"a mapping of {_plural(args[0])} to {_plural(args[1])}"
+    return None
+
+
+def _bad_item(value: Any, hint: Any) -> str | None:
+    """The first item of a list or mapping ``value`` not of its place in ``hint``
+    (``tuple[X, ...]``, ``tuple[X, Y]``, ``list[X]``, ``dict[K, V]``), in words."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is dict:
+        for k, v in value.items():
+            if _expected(k, args[0]) is not None or _expected(v, args[1]) is not None:
+                return f"key {short_repr(k, 60)}: {short_repr(v, 60)}"
+        return None
+    fixed = origin is tuple and Ellipsis not in args
+    if fixed and len(value) != len(args):
+        return f"{len(value)} items, not {len(args)}"
+    for i, x in enumerate(value):
+        if _expected(x, args[i] if fixed else args[0]) is not None:
+            return f"item {i} is {short_repr(x, 60)}"
     return None
 
 
@@ -184,11 +207,40 @@ def _plural(hint: Any) -> str:
     return {bool: "booleans", int: "integers", float: "numbers", str: "strings"}.get(hint, "values")
 
 
+#: Types by the names a YAML writer knows them (``type_name``), with their article.
+_KNOWN_KINDS = {"string": "a", "integer": "an", "number": "a", "boolean": "a", "mapping": "a",
+                "list": "a", "null": "a"}
+#: Text YAML reads as a number or a boolean when it is not quoted.
+_UNQUOTED_SCALAR = re.compile(r"^\s*([-+]?(\d[\d_]*(\.\d*)?|\.\d+)([eE][-+]?\d+)?|true|false|yes|no|on|off)\s*$",
+                              re.IGNORECASE)
+
+
+def _hint(value: Any, want: str) -> str:
+    """How to write what ``want`` asks for, where ``value`` shows the likely slip."""
+    if value is None:
+        return "; leave the argument out for its default"
+    if isinstance(value, str) and "string" not in want and _UNQUOTED_SCALAR.match(value):
+        return "; in YAML, write it without quotes"
+    if "string" in want and not isinstance(value, (str, list, tuple, Mapping)):
+        return '; in YAML, quote it ("...")'
+    if want.startswith("an integer") and isinstance(value, float):
+        return "; give a whole number"
+    return ""
+
+
+def _plain_scalar(value: Any) -> Any:
+    """A NumPy scalar as the Python number or bool it holds (so fingerprints,
+    ``to_spec`` and a transform's own checks see plain values); else ``value``."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
 def check_argument_types(t: Any) -> None:
     """Refuses a transform argument whose value is not of its declared type
     (``seed: "1"``, ``horizontal: "no"``, ``min_count: 1.5``, ``column: 1``),
-    naming the argument, what it takes and what it got; an integer where a
-    number is declared is a number.
+    naming the argument, what it takes, what it got (the first bad item of a
+    list or mapping) and how to write it; an integer where a number is
+    declared is a number. A NumPy scalar argument becomes the Python value it
+    holds.
 
     Called for every transform when it is built (``Transform.__post_init__``),
     from YAML or Python alike, so a value of another type never reaches the
@@ -200,14 +252,31 @@ def check_argument_types(t: Any) -> None:
     for name, hint in _init_types(type(t)):
         value = getattr(t, name)
         want = _expected(value, hint)
-        if want is not None:
-            fix = ("in YAML, quote it" if isinstance(value, (bool, int, float)) and "string" in want
-                   else "in YAML, write numbers and true/false without quotes")
-            kind = type_name(value)
-            raise t._spec_error(
-                f"argument {name!r} must be {want}; got {short_repr(value)} "
-                f"({'an' if kind[:1] in 'aeiou' else 'a'} {kind}); {fix}"
-            )
+        if want is None:
+            plain = _plain_scalar(value)
+            if plain is not value:
+                object.__setattr__(t, name, plain)
+            continue
+        kind = type_name(value)
+        got = f"{_KNOWN_KINDS[kind]} {kind}" if kind in _KNOWN_KINDS else f"of type {kind}"
+        item = _bad_item(value, _container_arm(hint, value)) if isinstance(value, (list, tuple, Mapping)) \
+            and _container_arm(hint, value) is not None else None
+        raise t._spec_error(
+            f"argument {name!r} must be {want}; got {short_repr(value)} ({got})"
+            + (f", where {item}" if item else "") + _hint(value, want)
+        )
+
+
+def _container_arm(hint: Any, value: Any) -> Any:
+    """The list or mapping annotation in ``hint`` (maybe a union) that ``value``'s kind fits."""
+    arms = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    for a in arms:
+        origin = typing.get_origin(a)
+        if isinstance(value, Mapping) and origin is dict and len(typing.get_args(a)) == 2:
+            return a
+        if isinstance(value, (list, tuple)) and origin in (tuple, list) and typing.get_args(a):
+            return a
+    return None
 
 
 def _ensure_registered() -> None:

@@ -284,8 +284,9 @@ def test_uri_templates_date_datetime_env():
     ("vocabulary: {column: tag, min_count: true}", "min_count", "an integer"),
     ("random_flip: {p: true}", "p", "a number"),
     ("rename: {mapping: {a: 1}}", "mapping", "a mapping of strings to strings"),
-    ("select: {columns: [a, 2]}", "columns", "a list of strings"),
+    ("select: {columns: [a, 2]}", "columns", "a list of strings(?=; got .*, where item 1 is 2)"),
     ("hash_bucket: {column: 1, num_buckets: 4}", "column", "a string"),
+    ("vocabulary: {column: tag, vocab: abc}", "vocab", "a list of values or null"),
 ])
 def test_transform_argument_of_another_type_is_refused_at_validation(tmp_path, step, argument, want):
     """A YAML value of another type than the argument declares was kept as given:
@@ -299,16 +300,38 @@ def test_transform_argument_of_another_type_is_refused_at_validation(tmp_path, s
         validate_spec(load_spec(path))
 
 
-def test_transform_arguments_of_their_declared_types_pass_and_ints_are_numbers():
+def test_transform_arguments_of_their_declared_types_pass_and_ints_are_numbers(tmp_path):
     """The check refuses only other types: an integer where a number is declared
-    is that number, and numpy scalars are the numbers they hold."""
-    import numpy as np
+    is that number, numpy scalars are the plain numbers they hold (one
+    fingerprint, a YAML-ready to_spec), and ``1e3`` in YAML is a number (YAML
+    1.2; PyYAML alone reads it as text)."""
+    import dataclasses
 
-    from slicefeed.transforms import RandomFlip, transform_from_spec
+    import numpy as np
+    import yaml
+
+    from slicefeed.transforms import RandomFlip, Transform, transform_from_spec
     assert transform_from_spec({"random_flip": {"p": 1, "seed": 3}}).p == 1
-    assert RandomFlip(p=np.float32(0.25), seed=np.int64(3), vertical=np.bool_(True)).seed == 3
+    flip = RandomFlip(p=np.float32(0.25), seed=np.int64(3), vertical=np.bool_(True))
+    assert (type(flip.p), type(flip.seed), type(flip.vertical)) == (float, int, bool)
+    assert flip.fingerprint_spec() == RandomFlip(p=0.25, seed=3, vertical=True).fingerprint_spec()
+    yaml.safe_dump(flip.to_spec())
     with pytest.raises(SpecError, match=r"RandomFlip: argument 'horizontal' must be true or false; got 'no'"):
         RandomFlip(horizontal="no")
+    path = tmp_path / "spec.yaml"
+    path.write_text("name: t\nsource: {format: jsonl, uri: /tmp/in.jsonl}\n"
+                    "sink: {format: parquet, uri: /tmp/out}\n"
+                    "transforms:\n  - standardize: {columns: [p], mean: {p: 1e3}, std: {p: 2.5e-1}}\n")
+    step = validate_spec(load_spec(path))["transforms"][0]["standardize"]
+    assert step["mean"] == {"p": 1000.0} and step["std"] == {"p": 0.25}
+
+    @dataclasses.dataclass(frozen=True)
+    class Pair(Transform):  # a fixed-length tuple: each place its own type
+        size: tuple[int, str] = (1, "a")
+
+    assert Pair().size == (1, "a")
+    with pytest.raises(SpecError, match=r"argument 'size' must be .*, where item 1 is 2"):
+        Pair(size=(1, 2))
 
 
 def test_a_reader_option_added_later_changes_no_fingerprint(monkeypatch):
