@@ -139,8 +139,32 @@ def field_types(cls: type) -> dict[str, Any]:
 
 @functools.cache
 def _init_types(cls: type) -> tuple[tuple[str, Any], ...]:
+    """``(name, resolved annotation)`` of each argument of ``cls``. Where the
+    class's annotations do not all resolve (a name only a function's scope
+    knew), each is resolved on its own, so one such field leaves only itself
+    unchecked."""
     hints = field_types(cls)
+    if not hints:
+        import sys
+
+        scope = dict(vars(sys.modules.get(cls.__module__, typing)))
+        for f in dataclasses.fields(cls):
+            hint = _resolved(f.type, scope)
+            if hint is not None:
+                hints[f.name] = hint
     return tuple((f.name, hints[f.name]) for f in dataclasses.fields(cls) if f.init and f.name in hints)
+
+
+def _resolved(annotation: Any, scope: dict[str, Any]) -> Any:
+    """``annotation`` (a string under ``from __future__ import annotations``)
+    evaluated in its module's ``scope``, as ``typing.get_type_hints`` does; None
+    where it names what that scope does not hold."""
+    if not isinstance(annotation, str):
+        return annotation
+    try:
+        return eval(annotation, scope)
+    except Exception:  # noqa: BLE001 - unresolvable: that argument is the transform's to check
+        return None
 
 
 def _expected(value: Any, hint: Any) -> str | None:

@@ -333,6 +333,17 @@ def test_transform_arguments_of_their_declared_types_pass_and_ints_are_numbers(t
     with pytest.raises(SpecError, match=r"argument 'size' must be .*, where item 1 is 2"):
         Pair(size=(1, 2))
 
+    class Mode:  # known only here: its annotation does not resolve from the module
+        pass
+
+    @dataclasses.dataclass(frozen=True)
+    class Local(Transform):  # the other arguments are checked all the same
+        flag: bool = False
+        mode: Mode | None = None
+
+    with pytest.raises(SpecError, match=r"argument 'flag' must be true or false; got 'false'"):
+        Local(flag="false")
+
 
 def test_a_reader_option_added_later_changes_no_fingerprint(monkeypatch):
     """Reader options were all written into the fingerprint with their defaults,
