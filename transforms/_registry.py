@@ -8,6 +8,7 @@ the transform, the argument and the allowed arguments.
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import datetime
 import decimal
@@ -187,6 +188,9 @@ def _expected(value: Any, hint: Any) -> str | None:
         return " or ".join(dict.fromkeys(wants))
     if hint is type(None):
         return None if value is None else "null"
+    if origin is typing.Literal:
+        return None if any(value == a and type(value) is type(a) for a in args) else \
+            "one of " + ", ".join(short_repr(a, 40) for a in args)
     if hint is bool:
         return None if isinstance(value, (bool, np.bool_)) else "true or false"
     flag = isinstance(value, (bool, np.bool_))
@@ -197,13 +201,13 @@ def _expected(value: Any, hint: Any) -> str | None:
         return None if number else "a number"
     if hint is str:
         return None if isinstance(value, str) else "a string"
-    if origin in (tuple, list) and args:
+    if origin in (tuple, list, collections.abc.Sequence) and args:
         if isinstance(value, (str, bytes, Mapping)):
             return f"a list of {_plural(args[0])}"
         if not isinstance(value, (list, tuple)):
             return None  # another value where a list is wanted: the transform says what it takes
         return None if _bad_item(value, hint) is None else f"a list of {_plural(args[0])}"
-    if origin is dict and len(args) == 2 and isinstance(value, Mapping):
+    if origin in (dict, collections.abc.Mapping) and len(args) == 2 and isinstance(value, Mapping):
         return None if _bad_item(value, hint) is None else \
             f"a mapping of {_plural(args[0])} to {_plural(args[1])}"
     return None
@@ -213,7 +217,7 @@ def _bad_item(value: Any, hint: Any) -> str | None:
     """The first item of a list or mapping ``value`` not of its place in ``hint``
     (``tuple[X, ...]``, ``tuple[X, Y]``, ``list[X]``, ``dict[K, V]``), in words."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin is dict:
+    if origin in (dict, collections.abc.Mapping):
         for k, v in value.items():
             if _expected(k, args[0]) is not None or _expected(v, args[1]) is not None:
                 return f"key {short_repr(k, 60)}: {short_repr(v, 60)}"
@@ -296,9 +300,9 @@ def _container_arm(hint: Any, value: Any) -> Any:
     arms = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
     for a in arms:
         origin = typing.get_origin(a)
-        if isinstance(value, Mapping) and origin is dict and len(typing.get_args(a)) == 2:
+        if isinstance(value, Mapping) and origin in (dict, collections.abc.Mapping) and len(typing.get_args(a)) == 2:
             return a
-        if isinstance(value, (list, tuple)) and origin in (tuple, list) and typing.get_args(a):
+        if isinstance(value, (list, tuple)) and origin in (tuple, list, collections.abc.Sequence) and typing.get_args(a):
             return a
     return None
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import collections.abc
+import typing
+
 import pytest
 
 from slicefeed.connectors import SpecError
@@ -340,9 +343,16 @@ def test_transform_arguments_of_their_declared_types_pass_and_ints_are_numbers(t
     class Local(Transform):  # the other arguments are checked all the same
         flag: bool = False
         mode: Mode | None = None
+        kind: typing.Literal["a", "b"] = "a"
+        weights: collections.abc.Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     with pytest.raises(SpecError, match=r"argument 'flag' must be true or false; got 'false'"):
         Local(flag="false")
+    with pytest.raises(SpecError, match=r"argument 'kind' must be one of 'a', 'b'; got 5"):
+        Local(kind=5)
+    with pytest.raises(SpecError, match=r"argument 'weights' must be a mapping of strings to numbers"):
+        Local(weights={"w": "x"})
+    assert Local(kind="b", weights={"w": 1}).kind == "b"
 
 
 def test_a_reader_option_added_later_changes_no_fingerprint(monkeypatch):
