@@ -287,8 +287,8 @@ def check_argument_types(t: Any) -> None:
             continue
         kind = type_name(value)
         got = f"{_KNOWN_KINDS[kind]} {kind}" if kind in _KNOWN_KINDS else f"of type {kind}"
-        item = _bad_item(value, _container_arm(hint, value)) if isinstance(value, (list, tuple, Mapping)) \
-            and _container_arm(hint, value) is not None else None
+        arm = _container_arm(hint, value)
+        item = None if arm is None else _bad_item(value, arm)
         raise t._spec_error(
             f"argument {name!r} must be {want}; got {short_repr(value)} ({got})"
             + (f", where {item}" if item else "") + _hint(value, want)
