@@ -131,8 +131,27 @@ class Cast(Transform):
     or ``-3.5e38`` to ``float32``, ``70000`` to ``float16``) would become
     infinite, an overflow that marks its row bad; inf and NaN stay inf and NaN.
     A finite value within range is rounded to the nearest value of the target
-    (``0.1`` is no ``float32``): the precision a float cast gives up, not an
-    error.
+    (``0.1`` is no ``float32``, ``2**53 + 1`` no ``float64``): the precision a
+    float cast gives up, not an error, for integers as for floats (as NumPy's
+    ``astype`` and the loader's ``dtypes`` round).
+
+    Other values a cast would change without Arrow refusing them mark their row
+    bad too:
+
+    - Hexadecimal text (``"0xff"``, ``"0XFF"``) is the non-negative number it
+      writes, 255, not the target's bit pattern Arrow makes of it (-1 as
+      ``int8``): one beyond a signed target's range is bad (``"0x80"`` to
+      ``int8``, ``"0xffffffffffffffff"`` to ``int64``; it fits ``uint64``).
+      Arrow reads at most two hex digits per byte of the target, so hex text
+      with more (``"0x007f"`` to ``int8``) and a signed one (``"-0x10"``) do
+      not cast at all.
+    - A number cast to ``bool`` must be 0 or 1 (``-0.0`` is 0); 2, -1, 0.5 and
+      NaN are bad rather than True (Python's ``bool()``), as in the loader's
+      bool ``dtypes``: a flag holding 2 is a data error, not a truth value.
+    - A timestamp cast to ``date32`` must be exactly midnight (local midnight
+      for a timestamp with a time zone, whose date Arrow takes in that zone);
+      a time of day would be dropped, as a fraction of a second would be by a
+      cast to a coarser timestamp unit, which is bad as well.
     ``"bfloat16"`` stores bfloat16 bit patterns as ``uint16`` with field
     metadata (see :mod:`slicefeed.transforms._dtypes`).
 
@@ -203,10 +222,14 @@ class Cast(Transform):
             if tensor is not None:
                 arr, target = tensor_storage(arr), target.storage_type
             bad = np.zeros(len(arr), dtype=bool)
+            # An integer cast to a float rounds, as a float cast does (Arrow's
+            # safe cast refuses integers beyond the float's exact range).
+            safe = not (pa.types.is_integer(leaf_type(arr.type))
+                        and pa.types.is_floating(leaf_type(target)))
             try:
-                out = pc.cast(arr, target)
+                out = pc.cast(arr, target, safe=safe)
             except (pa.ArrowInvalid, OverflowError):
-                bad = _uncastable_rows(arr, target)
+                bad = _uncastable_rows(arr, target, safe)
                 reasons[bad & ~bad_all] = (
                     f"Cast: value in column {short_repr(col)} cannot be cast to {type_name}"
                 )
@@ -214,17 +237,17 @@ class Cast(Transform):
                 # slots under null rows, which the cast would otherwise cast
                 # too (a fixed-size list's slots hold anything there).
                 arr = pc.if_else(pa.array(bad), pa.nulls(len(arr), arr.type), arr)
-                out = pc.cast(arr, target)
+                out = pc.cast(arr, target, safe=safe)
             if bf16:
                 out = _to_bf16(out)
-            over = _overflow_rows(arr, out, bf16) & ~bad
-            if over.any():
-                reasons[over & ~bad_all] = (
-                    f"Cast: value in column {short_repr(col)} overflows {type_name} (a finite "
-                    "value beyond its range); cast to a wider type or fix the value"
-                )
-                bad |= over
-                out = pc.if_else(pa.array(over), pa.nulls(len(out), out.type), out)
+            for check, why in _LOSSY_CASTS:
+                lost = check(arr, out, bf16) & ~bad
+                if lost.any():
+                    reasons[lost & ~bad_all] = (
+                        f"Cast: value in column {short_repr(col)} " + why.format(type_name)
+                    )
+                    bad |= lost
+                    out = pc.if_else(pa.array(lost), pa.nulls(len(out), out.type), out)
             bad_all |= bad
             if tensor is not None:
                 out = pa.ExtensionArray.from_storage(
@@ -234,7 +257,7 @@ class Cast(Transform):
         return mark_errors(table, bad_all, reasons)
 
 
-def _uncastable_rows(arr: pa.Array, target: pa.DataType) -> np.ndarray:
+def _uncastable_rows(arr: pa.Array, target: pa.DataType, safe: bool = True) -> np.ndarray:
     """Rows of ``arr`` holding a value the cast to ``target`` refuses (error path).
 
     A list or tensor column is bisected over its leaf values, each cast alone
@@ -242,8 +265,76 @@ def _uncastable_rows(arr: pa.Array, target: pa.DataType) -> np.ndarray:
     cast of a sliced list also casts child values outside the slice."""
     leaf_target = leaf_type(target)
     leaves, row = leaf_rows(arr)
-    bad_leaves = failing_rows(leaves, lambda a: pc.cast(a, leaf_target))
+    bad_leaves = failing_rows(leaves, lambda a: pc.cast(a, leaf_target, safe=safe))
     return rows_of(bad_leaves, row, len(arr))
+
+
+def _leaf_pair(src: pa.Array, out: pa.Array) -> tuple[pa.Array, pa.Array, np.ndarray]:
+    """``(source leaves, cast leaves, row of each)`` of a cast: the same rows, so
+    the same leaves in the same order (an extension source as its storage)."""
+    leaf_out, row = leaf_rows(out)
+    leaf_src, _ = leaf_rows(src)
+    if isinstance(leaf_src, pa.ExtensionArray):  # its values are its storage's (leaf_type)
+        leaf_src = leaf_src.storage
+    return leaf_src, leaf_out, row
+
+
+def _mask(values: pa.Array) -> np.ndarray:
+    return np.asarray(pc.fill_null(values, False).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _hex_wrap_rows(src: pa.Array, out: pa.Array, bf16: bool) -> np.ndarray:
+    """Rows where hexadecimal text became a negative number in a signed target.
+
+    Arrow parses ``0x`` text (at most two digits per byte of the target) as
+    the target's bit pattern: ``"0xff"`` to int8 is -1. Hex text writes a
+    non-negative number (Arrow refuses a sign before ``0x``), so a negative
+    result is a value beyond the target's range."""
+    none = np.zeros(len(src), dtype=bool)
+    src_type = leaf_type(src.type)
+    if not (pa.types.is_signed_integer(leaf_type(out.type))
+            and (pa.types.is_string(src_type) or pa.types.is_large_string(src_type))):
+        return none
+    low = pc.min(leaf_rows(out, rows=False)[0]).as_py()
+    if low is None or low >= 0:  # the common case needs no row numbers
+        return none
+    leaf_src, leaf_out, row = _leaf_pair(src, out)
+    wrapped = pc.and_(pc.starts_with(leaf_src, "0x", ignore_case=True), pc.less(leaf_out, 0))
+    return rows_of(_mask(wrapped), row, len(src))
+
+
+def _non_binary_rows(src: pa.Array, out: pa.Array, bf16: bool) -> np.ndarray:
+    """Rows where a number other than 0 and 1 became a bool (Arrow, like
+    Python's ``bool()``, makes any nonzero number, NaN included, True); the
+    loader's bool ``dtypes`` refuse them the same way."""
+    none = np.zeros(len(src), dtype=bool)
+    src_type = leaf_type(src.type)
+    if not (pa.types.is_boolean(leaf_type(out.type))
+            and (pa.types.is_integer(src_type) or pa.types.is_floating(src_type))):
+        return none
+    leaf_src, _, row = _leaf_pair(src, out)
+    if pa.types.is_float16(leaf_src.type):  # compared exactly as float32
+        leaf_src = leaf_src.cast(pa.float32())
+    binary = pc.or_(pc.equal(leaf_src, 0), pc.equal(leaf_src, 1))
+    other = pc.and_(pc.is_valid(leaf_src), pc.invert(pc.fill_null(binary, False)))
+    return rows_of(_mask(other), row, len(src))
+
+
+def _time_of_day_rows(src: pa.Array, out: pa.Array, bf16: bool) -> np.ndarray:
+    """Rows where a timestamp that is not exactly midnight became a date: the
+    time is lost, as a fraction of a second is when a timestamp narrows its
+    unit (which Arrow refuses). A zoned timestamp's date is taken in its zone,
+    so the midnight is the local one."""
+    none = np.zeros(len(src), dtype=bool)
+    src_type = leaf_type(src.type)
+    if not (pa.types.is_timestamp(src_type) and pa.types.is_date(leaf_type(out.type))):
+        return none
+    leaf_src, _, row = _leaf_pair(src, out)
+    if leaf_src.type.tz is not None:
+        leaf_src = pc.local_timestamp(leaf_src)
+    per_second = {"s": 1, "ms": 10**3, "us": 10**6, "ns": 10**9}[leaf_src.type.unit]
+    ticks = leaf_src.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
+    return rows_of(ticks % (86_400 * per_second) != 0, row, len(src))
 
 
 def _overflow_rows(src: pa.Array, out: pa.Array, bf16: bool) -> np.ndarray:
@@ -269,11 +360,8 @@ def _overflow_rows(src: pa.Array, out: pa.Array, bf16: bool) -> np.ndarray:
     # The common case, no infinity at all, needs no row numbers.
     if not pc.any(_is_inf(leaf_rows(out, rows=False)[0], bf16)).as_py():
         return none
-    leaf_out, row = leaf_rows(out)
+    leaf_src, leaf_out, row = _leaf_pair(src, out)
     inf = _is_inf(leaf_out, bf16)
-    leaf_src, _ = leaf_rows(src)  # the same rows, so the same leaves in the same order
-    if isinstance(leaf_src, pa.ExtensionArray):  # its values are its storage's (leaf_type)
-        leaf_src = leaf_src.storage
     t = leaf_src.type
     if pa.types.is_floating(t):
         was = pc.invert(pc.is_finite(leaf_src))
@@ -283,6 +371,20 @@ def _overflow_rows(src: pa.Array, out: pa.Array, bf16: bool) -> np.ndarray:
         was = pa.array(np.zeros(len(leaf_src), dtype=bool))
     over = pc.and_(inf, pc.invert(pc.fill_null(was, False)))
     return rows_of(pc.fill_null(over, False).to_numpy(zero_copy_only=False), row, len(src))
+
+
+#: The checks of a cast's result for values it changed without Arrow refusing
+#: them, each with the rest of its bad-record reason (``{}``: the type name).
+_LOSSY_CASTS = (
+    (_overflow_rows, ("overflows {} (a finite value beyond its range); cast to a wider type "
+                      "or fix the value")),
+    (_hex_wrap_rows, ("does not fit {} (hexadecimal text is the non-negative number it "
+                      "writes); cast to a wider type or fix the value")),
+    (_non_binary_rows, ("is neither 0 nor 1, the only numbers bool holds; compare it in a "
+                        "filter or fix the value")),
+    (_time_of_day_rows, ("has a time of day that {} would drop; cast to a timestamp type, or "
+                         "truncate the time first")),
+)
 
 
 def _is_inf(values: pa.Array, bf16: bool) -> pa.Array:

@@ -258,6 +258,98 @@ def test_cast_extension_column_keeps_its_infinities():
         assert [abs(v) if v else v for v in good.column("c").to_pylist()] == [1.5, float("inf"), None]
 
 
+def test_cast_hex_text_is_the_number_it_writes():
+    """Arrow parses ``0x`` text as the target's bit pattern, so ``"0xff"``
+    cast to int8 became -1 and ``"0xffffffffffffffff"`` to int64 became -1,
+    with no bad record. Hex text is the non-negative number it writes; one that
+    does not fit the target marks its row bad (a list only where it holds one)."""
+    texts = ["0xff", "0x80", "0x7f", "0xffffffffffffffff", "0XFF", "255", "-0x10", None]
+    expect = {  # value per row, "bad" where the row is bad
+        "int8": ["bad", "bad", 127, "bad", "bad", "bad", "bad", None],
+        "int16": [255, 128, 127, "bad", 255, 255, "bad", None],
+        "int64": [255, 128, 127, "bad", 255, 255, "bad", None],
+        "uint64": [255, 128, 127, 2**64 - 1, 255, 255, "bad", None],
+    }
+    for typ, want in expect.items():
+        for col in (pa.array(texts), pa.array([[v] for v in texts], pa.list_(pa.string()))):
+            good, bad = split_errors(Cast({"c": typ})(_rows(col)))
+            assert bad.column(PROVENANCE_ROW).to_pylist() == [i for i, w in enumerate(want) if w == "bad"], typ
+            got = good.column("c").to_pylist()
+            if col.type != pa.string():
+                got = [None if v is None else v[0] for v in got]
+            assert got == [w for w in want if w != "bad"], typ
+    good, bad = split_errors(Cast({"c": "int8"})(_rows(pa.array(["0x80"]))))
+    assert bad.column(ERROR_COLUMN).to_pylist() == [
+        ("Cast: value in column 'c' does not fit int8 (hexadecimal text is the non-negative "
+         "number it writes); cast to a wider type or fix the value"),
+    ]
+
+
+def test_cast_timestamp_with_a_time_of_day_to_date_is_a_bad_row():
+    """A timestamp with a time of day cast to date32 silently lost the time,
+    while timestamp[ms] to timestamp[s] with a fraction was a bad record. A
+    value that is not exactly midnight (local midnight for a zoned timestamp,
+    whose date Arrow takes in its zone) loses information: its row is bad."""
+    import datetime as dt
+
+    naive = pa.array([dt.datetime(2024, 1, 1, 13, 30), dt.datetime(2024, 1, 2), None,
+                      dt.datetime(1969, 12, 31, 23, 59, 59, 1)], pa.timestamp("us"))
+    good, bad = split_errors(Cast({"c": "date32"})(_rows(naive)))
+    assert bad.column(PROVENANCE_ROW).to_pylist() == [0, 3]
+    assert good.column("c").to_pylist() == [dt.date(2024, 1, 2), None]
+    assert bad.column(ERROR_COLUMN)[0].as_py() == (
+        "Cast: value in column 'c' has a time of day that date32 would drop; cast to a "
+        "timestamp type, or truncate the time first"
+    )
+    utc = dt.UTC
+    zoned = pa.array([dt.datetime(2024, 1, 2, 5, tzinfo=utc),  # midnight in New York
+                      dt.datetime(2024, 1, 2, 0, tzinfo=utc)],  # 19:00 there
+                     pa.timestamp("s", tz="America/New_York"))
+    good, bad = split_errors(Cast({"c": "date32"})(_rows(zoned)))
+    assert good.column("c").to_pylist() == [dt.date(2024, 1, 2)]
+    assert bad.column(PROVENANCE_ROW).to_pylist() == [1]
+    nested = pa.array([[dt.datetime(2024, 1, 1)], [dt.datetime(2024, 1, 1, 0, 0, 1)]],
+                      pa.list_(pa.timestamp("ms")))
+    good, bad = split_errors(Cast({"c": "date32"})(_rows(nested)))
+    assert bad.column(PROVENANCE_ROW).to_pylist() == [1]
+
+
+def test_cast_integer_to_float_rounds_as_a_float_cast_does():
+    """int64 2**53 + 1 cast to float64 was a bad record saying only "cannot be
+    cast", while the docstring (and the loader's dtypes) say a cast to a float
+    type rounds within range. It rounds; beyond float16's range is still an
+    overflow."""
+    col = pa.array([2**53 + 1, 2**24 + 1, 3, None, 70000], pa.int64())
+    for typ, over in (("float64", []), ("float32", []), ("bfloat16", []), ("float16", [0, 1, 4])):
+        good, bad = split_errors(Cast({"c": typ})(_rows(col)))
+        assert bad.column(PROVENANCE_ROW).to_pylist() == over, typ
+        assert good.num_rows == 5 - len(over)
+    good, _ = split_errors(Cast({"c": "float64"})(_rows(col)))
+    assert good.column("c").to_pylist() == [float(2**53), float(2**24 + 1), 3.0, None, 70000.0]
+    good, _ = split_errors(Cast({"c": "float32"})(_rows(pa.array([[2**24 + 1]], pa.list_(pa.uint64())))))
+    assert good.column("c").to_pylist() == [[float(2**24)]]
+
+
+def test_cast_number_to_bool_takes_only_zero_and_one():
+    """2, -1, 0.5 and NaN cast to bool became True with no bad record. As the
+    loader's bool ``dtypes`` do, only 0 and 1 cast to bool; any other number
+    marks its row bad."""
+    ints = pa.array([0, 1, 2, -1, None], pa.int64())
+    floats = pa.array([0.0, 1.0, 0.5, float("nan"), -0.0, None])
+    for col, bad_rows, kept in ((ints, [2, 3], [False, True, None]),
+                                (floats, [2, 3], [False, True, False, None])):
+        good, bad = split_errors(Cast({"c": "bool"})(_rows(col)))
+        assert bad.column(PROVENANCE_ROW).to_pylist() == bad_rows
+        assert good.column("c").to_pylist() == kept
+        assert bad.column(ERROR_COLUMN)[0].as_py() == (
+            "Cast: value in column 'c' is neither 0 nor 1, the only numbers bool holds; "
+            "compare it in a filter or fix the value"
+        )
+    good, bad = split_errors(Cast({"c": "bool"})(_rows(pa.array([[0, 1], [1, 2]], pa.list_(pa.int8())))))
+    assert bad.column(PROVENANCE_ROW).to_pylist() == [1]
+    assert good.column("c").to_pylist() == [[False, True]]
+
+
 def test_cast_schema_errors():
     with pytest.raises(SpecError, match=r"Cast: column 'nope' not found; available: id, text"):
         Cast({"nope": "int32"}).output_schema(_table().schema)
