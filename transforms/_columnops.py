@@ -491,7 +491,8 @@ class FillNull(Transform):
 
     Args:
         values: ``{column: value}``; the value must be castable to the column
-            type: a finite value beyond a float column's range (``1e300`` for
+            type, and a bool column takes true/false only, as true/false fills
+            only a bool column (Arrow would make 2 True and True 1): a finite value beyond a float column's range (``1e300`` for
             ``float32``) is refused, as it would become infinite; inf and NaN
             are taken as they are, and a value within range is rounded to the
             column's precision.
@@ -510,6 +511,17 @@ class FillNull(Transform):
             SpecError: the value does not cast, or a finite one becomes infinite.
         """
         v = self.values[c]
+        # Arrow casts any nonzero number to True and True to 1: between bool
+        # and other types a cast changes what the value means, so the kinds
+        # must match (other casts keep the value or are refused below).
+        if isinstance(v, bool) != pa.types.is_boolean(t):
+            fix = ("fill it with true or false" if pa.types.is_boolean(t)
+                   else "fill it with a value of that type, or cast the column to bool first")
+            raise self._spec_error(
+                f"fill value {short_repr(v)} for column {short_repr(c)} is "
+                f"{'true/false' if isinstance(v, bool) else 'not true/false'}; the column is "
+                f"{printable(str(t), 200)}. {fix[0].upper()}{fix[1:]}"
+            )
         try:
             # An int beyond int64, which Arrow's type inference cannot hold,
             # starts as uint64 (it fits a uint64 column).

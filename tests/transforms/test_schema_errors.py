@@ -169,3 +169,20 @@ def test_transforms_refuse_to_change_slicefeed_own_columns_in_place(spec):
     ok = transform_from_spec({"hash_bucket": {"column": "_sf_file", "num_buckets": 4,
                                               "output": "split"}}).output_schema(schema)
     assert ok.field("split").type == pa.int32() and ok.field("_sf_file").type == pa.string()
+
+
+@pytest.mark.parametrize("column, value", [("flag", 2), ("flag", 1), ("flag", "yes"), ("n", True)])
+def test_fill_null_refuses_a_bool_for_another_type_and_another_type_for_bool(column, value):
+    """``fill_null: {flag: 2}`` on a bool column filled True (Arrow casts any
+    nonzero number to True). A bool column is filled with true/false only, and
+    true/false fills only a bool column: between bool and other kinds a cast
+    changes the value's meaning, not only its type."""
+    schema = pa.schema([("flag", pa.bool_()), ("n", pa.int64())])
+    fill = transform_from_spec({"fill_null": {"values": {column: value}}})
+    with pytest.raises(SpecError, match=rf"^FillNull: fill value {value!r} for column '{column}' is "
+                                        r"(not true/false|true/false); the column is (bool|int64)\. "):
+        fill.output_schema(schema)
+    ok = transform_from_spec({"fill_null": {"values": {"flag": False, "n": 0}}})
+    assert ok.output_schema(schema) == schema
+    table = pa.table({"flag": pa.array([None, True]), "n": pa.array([None, 3], pa.int64())})
+    assert ok(table).to_pylist() == [{"flag": False, "n": 0}, {"flag": True, "n": 3}]
