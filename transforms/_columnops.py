@@ -421,7 +421,13 @@ class Filter(Transform):
     literals, comparisons, ``in [..]``, ``and``/``or``/``not``, ``+ - * /``
     (``/`` divides as Python does, to float64), ``is_null(col)`` /
     ``is_valid(col)``. Example: ``"age >= 18 and country in ['DE', 'FR']"``.
-    Rows already marked bad are kept so the pipeline can count them.
+    Numbers follow Python and NumPy where Arrow differs: ``in`` matches as
+    ``==`` does (``-0.0 in [0.0]``), an integer meets a float in float64, and
+    a uint64 column meets a non-negative literal in uint64 (see
+    :mod:`slicefeed.transforms._expr`). A row the expression cannot be
+    evaluated on (division by zero, an integer result beyond its type, a
+    uint64 value beyond int64 met with a signed operand) is kept and marked
+    bad. Rows already marked bad are kept so the pipeline can count them.
 
     Args:
         expr: The predicate.

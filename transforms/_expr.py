@@ -15,7 +15,14 @@ node types is translated; nothing is ever evaluated by Python. Grammar::
 divisor marks the row bad). A comparison of an integer column with a float
 is made in float64, as NumPy makes it, and an unsigned column is compared with
 a non-negative literal as unsigned, so values beyond 2**53 (or 2**63) compare
-instead of failing Arrow's exact conversion. A bare column name means the name
+instead of failing Arrow's exact conversion. ``+ - *`` of a uint64 operand and
+a non-negative literal are made in uint64 likewise; a uint64 operand meeting a
+signed one is computed in int64 by Arrow, and a row whose value does not fit is
+bad, as is a result beyond the type (``u - 1`` of 0 in uint64). ``in [...]``
+matches as ``==`` does (:func:`_in_operands`): in float64 for a float operand
+or a list holding a float, with -0.0 equal to 0.0 as in Python. A row on which
+a kernel still fails is found by bisection and marked bad, never left as
+Arrow's own error. A bare column name means the name
 as written: Python's parser folds identifiers to NFKC (the ligature ``\ufb01`` to
 ``fi``), which would name another column.
 
@@ -111,6 +118,50 @@ def _coerced(left: Any, ltype: Any, right: Any, rtype: Any) -> tuple[Any, Any]:
             continue
         return (b, a) if swap else (a, b)
     return left, right
+
+
+def _unsigned_literal(left: Any, ltype: Any, right: Any, rtype: Any) -> tuple[Any, Any]:
+    """Operands of ``+ - *``: a non-negative integer literal meeting a uint64
+    operand becomes a uint64 scalar, so the arithmetic is made in uint64, as
+    such a comparison is (Arrow's common type of uint64 and an int64 literal
+    is int64, which refuses values beyond 2**63). A result outside uint64
+    (``u - 1`` of 0) is the per-row overflow :class:`_RowErrors` marks."""
+    def lit(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+    if ltype == pa.uint64() and lit(right):
+        right = pa.scalar(right, pa.uint64())
+    elif rtype == pa.uint64() and lit(left):
+        left = pa.scalar(left, pa.uint64())
+    return left, right
+
+
+def _in_operands(lhs: Any, ltype: Any, values: list[Any]) -> tuple[Any, Any]:
+    """``(lhs, value set)`` of ``lhs in [values]``, matched as ``==`` matches
+    (``ltype``: the Arrow type of ``lhs``, None when unknown).
+
+    A float operand, or an integer one against a list holding a float, is
+    compared in float64, -0.0 made 0.0 on both sides (Arrow's ``is_in`` hashes
+    a float's bits, so ``-0.0 in [0.0]`` was false; Python says true). An
+    integer operand meets the list's integers in its own type, leaving out
+    those outside its range, which equal none of its values (Arrow would cast
+    the list to the operand's type and refuse them). Other lists (text, bools,
+    a mix) take Arrow's own rules."""
+    nums = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if not isinstance(ltype, pa.DataType) or not nums or len(nums) != len(values):
+        return lhs, _value_set(values)
+    if pa.types.is_floating(ltype) or (
+            pa.types.is_integer(ltype) and any(isinstance(v, float) for v in nums)):
+        lhs = pc.add(lhs.cast(pa.float64(), safe=False), 0.0)  # -0.0 + 0.0 is 0.0
+        return lhs, pa.array([float(v) + 0.0 for v in nums], pa.float64())
+    if pa.types.is_integer(ltype):
+        import numpy as np
+
+        info = np.iinfo(ltype.to_pandas_dtype())
+        return lhs, pa.array([v for v in nums if info.min <= v <= info.max], ltype)
+    return lhs, _value_set(values)
+
+
 _FUNCS = {"is_null": pc.Expression.is_null, "is_valid": pc.Expression.is_valid}
 
 
@@ -138,8 +189,8 @@ class _Compiler:
         return t if isinstance(t, pa.DataType) else None
 
     def type_of(self, node: ast.AST) -> Any:
-        """The Arrow type of a column operand, ``int``/``float`` of a number
-        literal, else None."""
+        """The Arrow type of a column or arithmetic operand, ``int``/``float``
+        of a number literal, else None."""
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
             inner = self.type_of(node.operand)
             return inner if inner in (int, float) else None
@@ -151,7 +202,10 @@ class _Compiler:
         elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "col"
               and len(node.args) == 1 and isinstance(node.args[0], ast.Constant)):
             name = node.args[0].value
-        if name is None or self.schema is None or name not in self.schema.names:
+        if name is None:
+            # An arithmetic operand: the type of its result.
+            return self.result_type(node) if isinstance(node, (ast.BinOp, ast.UnaryOp)) else None
+        if self.schema is None or name not in self.schema.names:
             return None
         return self.schema.field(name).type
 
@@ -206,8 +260,9 @@ class _Compiler:
                     if not isinstance(right_node, (ast.List, ast.Tuple, ast.Set)):
                         raise self.fail(right_node, "'in' needs a literal list like [1, 2]")
                     values = [self.literal(e) for e in right_node.elts]
-                    lhs = left if isinstance(left, pc.Expression) else pc.scalar(left)
-                    term = lhs.isin(values)
+                    lhs, value_set = _in_operands(
+                        _as_expr(left), self.type_of(left_node), values)
+                    term = lhs.isin(value_set)
                     if isinstance(op, ast.NotIn):
                         term = ~term
                     right = None
@@ -231,6 +286,10 @@ class _Compiler:
             if isinstance(node.op, ast.Div):
                 left = _as_float(left, self.result_type(node.left))
                 right = _as_float(right, self.result_type(node.right))
+            elif isinstance(left, int) or isinstance(right, int):
+                left, right = _unsigned_literal(
+                    left, self.result_type(node.left) if isinstance(right, int) else None,
+                    right, self.result_type(node.right) if isinstance(left, int) else None)
             return _ARITH[type(node.op)](_as_expr(left), right)
         if isinstance(node, ast.Name):
             return self.column(self.name(node))
@@ -437,6 +496,19 @@ class _RowErrors:
                 stack += [(lo, mid), (mid, hi)]
         return out
 
+    def _guarded(self, fn: Any, *args: Any) -> Any:
+        """``fn(*args)``, the rows on which it raises (by bisection: a fallback
+        for failures no vectorised mask foresees) nulled and marked bad."""
+        import pyarrow as pa
+
+        try:
+            return fn(*args)
+        except (pa.ArrowInvalid, OverflowError, ZeroDivisionError):
+            pass
+        mask = self._fail_rows(fn, *args)
+        self.bad |= mask
+        return fn(*(self._null_where(a, mask) for a in args))
+
     def _arith(self, op: type, a: Any, b: Any) -> Any:
         import numpy as np
         import pyarrow as pa
@@ -444,6 +516,8 @@ class _RowErrors:
         name = "divide_checked" if op is ast.Div else _CHECKED[op]
         if op is ast.Div:
             a, b = _as_float(a, _type(a)), _as_float(b, _type(b))
+        else:
+            a, b = _unsigned_literal(a, _type(a), b, _type(b))
         if not isinstance(a, (pa.Array, pa.ChunkedArray)) and not isinstance(b, (pa.Array, pa.ChunkedArray)):
             try:  # literals only: fails for every row or none
                 return pc.call_function(name, [pa.scalar(a), pa.scalar(b)]).as_py()
@@ -460,13 +534,24 @@ class _RowErrors:
                                else np.full(n, bool(zero.as_py())), dtype=bool)
             if isinstance(a, (pa.Array, pa.ChunkedArray)):  # null / 0 is null, not an error
                 mask &= np.asarray(pc.is_valid(a).to_numpy(zero_copy_only=False), dtype=bool)
+        else:
+            # uint64 meeting a signed operand: Arrow computes in int64 and
+            # refuses a uint64 value beyond it; no type holds both, so that
+            # row is bad.
+            ta, tb = _type(a), _type(b)
+            signed = (lambda t: isinstance(t, pa.DataType) and pa.types.is_signed_integer(t))
+            for u, other in ((a, tb), (b, ta)):
+                if _type(u) == pa.uint64() and (signed(other) or other is int):
+                    big = pc.greater(u, pa.scalar(2**63 - 1, pa.uint64()))
+                    mask |= np.asarray(pc.fill_null(big, False).to_numpy(zero_copy_only=False), dtype=bool)
         if not mask.any():
             try:
                 return pc.call_function(name, [a, b])
             except (pa.ArrowInvalid, OverflowError, ZeroDivisionError):
                 pass
         if op is not ast.Div:
-            out_type = pc.call_function(_WRAPPING[op], [a, b]).type
+            # The result type from no rows: the values may not convert.
+            out_type = pc.call_function(_WRAPPING[op], [_no_rows(a), _no_rows(b)]).type
             if pa.types.is_integer(out_type):
                 info = np.iinfo(out_type.to_pandas_dtype())
                 f = pc.call_function(_F64[op], [pc.cast(a, pa.float64(), safe=False) if not isinstance(a, (int, float)) else float(a),
@@ -474,15 +559,8 @@ class _RowErrors:
                 over = pc.or_(pc.less(f, float(info.min)), pc.greater(f, float(info.max)))
                 mask |= np.asarray(pc.fill_null(over, False).to_numpy(zero_copy_only=False), dtype=bool)
         a2, b2 = self._null_where(a, mask), self._null_where(b, mask)
-        try:
-            out = pc.call_function(name, [a2, b2])
-        except (pa.ArrowInvalid, OverflowError, ZeroDivisionError):
-            rest = self._fail_rows(lambda x, y: pc.call_function(name, [x, y]), a2, b2)
-            mask |= rest
-            a2, b2 = self._null_where(a, mask), self._null_where(b, mask)
-            out = pc.call_function(name, [a2, b2])
         self.bad |= mask
-        return out
+        return self._guarded(lambda x, y: pc.call_function(name, [x, y]), a2, b2)
 
     def _negate(self, v: Any) -> Any:
         import numpy as np
@@ -518,14 +596,17 @@ class _RowErrors:
             for op, right_node in zip(node.ops, node.comparators):
                 if isinstance(op, (ast.In, ast.NotIn)):
                     values = [c.literal(e) for e in right_node.elts]  # type: ignore[attr-defined]
-                    term = pc.is_in(left, value_set=_value_set(values))
+                    lhs, value_set = _in_operands(left, _type(left), values)
+                    term = self._guarded(lambda x, vs=value_set: pc.is_in(x, value_set=vs), lhs)
                     if isinstance(op, ast.NotIn):
                         term = pc.invert(term)
                     right = None
                 else:
                     right = self.eval(right_node)
-                    term = pc.call_function(_CMP_FN[type(op)], list(_coerced(
-                        left, _type(left), right, _type(right))))
+                    fn = _CMP_FN[type(op)]
+                    term = self._guarded(
+                        lambda x, y, fn=fn: pc.call_function(fn, [x, y]),
+                        *_coerced(left, _type(left), right, _type(right)))
                 out = term if out is None else pc.and_kleene(out, term)
                 left = right
             return out
@@ -554,10 +635,26 @@ def _type(v: Any) -> Any:
     return getattr(v, "type", None)
 
 
-def _value_set(values: list[Any]) -> Any:
+def _no_rows(v: Any) -> Any:
+    """``v`` without rows when it is an array (a kernel's result type, no values)."""
     import pyarrow as pa
 
-    return pa.array(values)
+    return v.slice(0, 0) if isinstance(v, (pa.Array, pa.ChunkedArray)) else v
+
+
+def _value_set(values: list[Any]) -> Any:
+    """The list as an array of Arrow's inferred type. Integers no one Arrow
+    integer type holds together (``-1`` and ``2**63``) become float64: such a
+    list meets an operand of unknown type (a check of the text alone, a
+    literal); a column's type is met by :func:`_in_operands`."""
+    import pyarrow as pa
+
+    try:
+        return pa.array(values)
+    except (OverflowError, pa.ArrowInvalid):
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            return pa.array([float(v) for v in values], pa.float64())
+        raise
 
 
 def evaluate_with_errors(text: str, table: Any, *, label: str = "Filter") -> tuple[Any, Any]:

@@ -123,3 +123,63 @@ def test_bare_column_names_are_matched_as_written():
     f = Filter(expr="latency_\u00b5s > 10")
     f.output_schema(t.schema)
     assert f(t)["latency_\u00b5s"].to_pylist() == [50]
+
+
+def _python_keeps(expr: str, rows: list[dict]) -> list[int]:
+    return [i for i, r in enumerate(rows) if eval(expr, {}, dict(r))]  # the reference semantics
+
+
+@pytest.mark.parametrize("expr", [
+    "x in [0.0]", "x in [0]", "x in [-0.0]", "x in [-0.0, 1]", "x not in [0.0]",
+    "x not in [-0.0, 2]", "x == 0.0", "x + 1 in [1]", "i in [-0.0]", "f in [0.0]",
+])
+def test_in_lists_treat_negative_zero_as_zero_as_python_does(expr):
+    """``x in [0.0]`` dropped -0.0 (Arrow's ``is_in`` hashes the bits) though
+    ``x == 0.0`` kept it and Python says ``-0.0 in [0.0]``."""
+    x = [0.0, -0.0, 1.0]
+    t = pa.table({"x": x, "i": pa.array([0, 1, 2], pa.int64()), "f": pa.array(x, pa.float32())})
+    rows = t.to_pylist()
+    want = _python_keeps(expr, rows)
+    got = Filter(expr=expr)(t)
+    assert ERROR_COLUMN not in got.column_names
+    assert [rows.index(r) for r in got.to_pylist()] == want
+
+
+def test_unsigned_arithmetic_and_in_lists_never_raise_arrows_own_errors():
+    """``u - 1 > 0`` or ``u + i > 0`` with a uint64 value beyond int64, and
+    ``i in [2.5, 1]`` with an int64 beyond 2**53, raised pyarrow's bare
+    ArrowInvalid naming no transform, column or row. A uint64 column and a
+    non-negative literal compute in uint64 (as they compare); a uint64 value a
+    signed operand makes Arrow compute in int64 is a bad row where it does not
+    fit; ``in`` a list holding a float compares in float64, as ``==`` does."""
+    from slicefeed.transforms import PROVENANCE_FILE, PROVENANCE_ROW, apply_transforms
+
+    big = 2**64 - 1
+    t = pa.table({"i": pa.array([1, 2**53 + 1, -5], pa.int64()),
+                  "u": pa.array([1, big, 0], pa.uint64()),
+                  PROVENANCE_FILE: ["f"] * 3, PROVENANCE_ROW: pa.array(range(3), pa.int64())})
+
+    def run(expr):
+        f = Filter(expr=expr)
+        f.output_schema(t.schema)
+        good, bad = split_errors(f(t))
+        # The pipeline's path: bad rows leave the batch, no error is raised.
+        assert apply_transforms(t, [f], on_error="quarantine").equals(good)
+        return good[PROVENANCE_ROW].to_pylist(), bad[PROVENANCE_ROW].to_pylist(), bad
+
+    assert run("u - 1 > 0")[:2] == ([1], [2])  # 0 - 1 leaves uint64: that row is bad
+    assert run("u + 1 > 1")[:2] == ([0], [1])  # 2**64 overflows uint64
+    assert run("u * 2 >= 2")[:2] == ([0], [1])
+    assert run("u + 0 > 9223372036854775807")[:2] == ([1], [])
+    assert run("1 + u > 1")[:2] == ([0], [1])
+    assert run("(u - 1) * 1 in [0, 9223372036854775808]")[:2] == ([0], [2])
+    good, bad_rows, bad = run("u + i > 0")  # 2**64 - 1 is no int64
+    assert (good, bad_rows) == ([0], [1])
+    assert bad[ERROR_COLUMN].to_pylist() == ["Filter: expression 'u + i > 0' failed on this row"]
+    assert run("i - u < 0")[:2] == ([2], [1])
+    assert run("i in [2.5, 1]")[:2] == ([0], [])
+    assert run("i in [9007199254740992.0]")[:2] == ([1], [])  # in float64, as == compares
+    assert run("i not in [2.5, 1]")[:2] == ([1, 2], [])
+    assert run("u in [-1, 1]")[:2] == ([0], [])
+    assert run("i in [-5, 9223372036854775808]")[:2] == ([2], [])
+    assert run("u in [0.5, 1]")[:2] == ([0], [])
