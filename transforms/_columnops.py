@@ -276,7 +276,16 @@ def _leaf_pair(src: pa.Array, out: pa.Array) -> tuple[pa.Array, pa.Array, np.nda
     leaf_src, _ = leaf_rows(src)
     if isinstance(leaf_src, pa.ExtensionArray):  # its values are its storage's (leaf_type)
         leaf_src = leaf_src.storage
+    if pa.types.is_dictionary(leaf_src.type):
+        leaf_src = leaf_src.dictionary_decode()
     return leaf_src, leaf_out, row
+
+
+def _source_leaf_type(src: pa.Array) -> pa.DataType:
+    """The type of a cast source's values (a dictionary's value type: Arrow
+    casts a dictionary through its values)."""
+    t = leaf_type(src.type)
+    return t.value_type if pa.types.is_dictionary(t) else t
 
 
 def _mask(values: pa.Array) -> np.ndarray:
@@ -291,7 +300,7 @@ def _hex_wrap_rows(src: pa.Array, out: pa.Array, bf16: bool) -> np.ndarray:
     non-negative number (Arrow refuses a sign before ``0x``), so a negative
     result is a value beyond the target's range."""
     none = np.zeros(len(src), dtype=bool)
-    src_type = leaf_type(src.type)
+    src_type = _source_leaf_type(src)
     if not (pa.types.is_signed_integer(leaf_type(out.type))
             and (pa.types.is_string(src_type) or pa.types.is_large_string(src_type))):
         return none
@@ -308,7 +317,7 @@ def _non_binary_rows(src: pa.Array, out: pa.Array, bf16: bool) -> np.ndarray:
     Python's ``bool()``, makes any nonzero number, NaN included, True); the
     loader's bool ``dtypes`` refuse them the same way."""
     none = np.zeros(len(src), dtype=bool)
-    src_type = leaf_type(src.type)
+    src_type = _source_leaf_type(src)
     if not (pa.types.is_boolean(leaf_type(out.type))
             and (pa.types.is_integer(src_type) or pa.types.is_floating(src_type))):
         return none
@@ -326,7 +335,7 @@ def _time_of_day_rows(src: pa.Array, out: pa.Array, bf16: bool) -> np.ndarray:
     unit (which Arrow refuses). A zoned timestamp's date is taken in its zone,
     so the midnight is the local one."""
     none = np.zeros(len(src), dtype=bool)
-    src_type = leaf_type(src.type)
+    src_type = _source_leaf_type(src)
     if not (pa.types.is_timestamp(src_type) and pa.types.is_date(leaf_type(out.type))):
         return none
     leaf_src, _, row = _leaf_pair(src, out)
