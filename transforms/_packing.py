@@ -134,6 +134,8 @@ class PackSequences(Transform):
     (``overflow: truncate``). A null list, a list holding a null token id,
     and a list holding a token id outside int32 (the packed tokens' type: any
     list<integer> is read, and an id is never wrapped) mark their row bad.
+    An empty list holds no token and so adds no segment; the run report's
+    ``reshaped`` entry counts the rows going in and coming out.
 
     Args:
         column: Input ``list<int>`` column (a ``fixed_size_list`` or
