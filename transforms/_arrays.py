@@ -14,6 +14,10 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+#: Longest fixed row length a transform writes (``pad_or_truncate`` length,
+#: ``pack_sequences`` seq_len): every output row is allocated at this length.
+MAX_ROW_LENGTH = 1 << 20
+
 
 def list_parts(arr: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(values, offsets, valid)`` of a list / binary / string array.

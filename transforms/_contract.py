@@ -115,6 +115,7 @@ class Transform:
             @functools.wraps(own)
             def post_init(self: Transform) -> None:
                 check_argument_types(self)
+                self._refuse_own_output()
                 own(self)
 
             cls.__post_init__ = post_init  # type: ignore[method-assign]
@@ -124,6 +125,18 @@ class Transform:
 
     def __post_init__(self) -> None:
         check_argument_types(self)
+        self._refuse_own_output()
+
+    def _refuse_own_output(self) -> None:
+        """Refuses an ``output`` argument naming one of slicefeed's own columns:
+        writing it would replace the rows' identity or mark them bad."""
+        output = getattr(self, "output", None)
+        if isinstance(output, str) and output in RESERVED_COLUMNS:
+            raise SpecError(
+                f"{self._label()}: output {short_repr(output)} is slicefeed's own column (the row "
+                "identity and bad-record markers); it cannot be written. Give `output` a column "
+                "of your own."
+            )
 
     # -- the contract -------------------------------------------------------
 

@@ -10,6 +10,7 @@ import pyarrow as pa
 
 from slicefeed.connectors import ERROR_COLUMN, PROVENANCE_FILE, PROVENANCE_ROW, short_repr
 from slicefeed.transforms._arrays import (
+    MAX_ROW_LENGTH,
     list_parts,
     make_tensor,
     null_value_rows,
@@ -133,11 +134,13 @@ class PackSequences(Transform):
     (``overflow: truncate``). A null list, a list holding a null token id,
     and a list holding a token id outside int32 (the packed tokens' type: any
     list<integer> is read, and an id is never wrapped) mark their row bad.
+    An empty list holds no token and so adds no segment; the run report's
+    ``reshaped`` entry counts the rows going in and coming out.
 
     Args:
         column: Input ``list<int>`` column (a ``fixed_size_list`` or
             one-dimensional tensor column is read the same way).
-        seq_len: Output row length.
+        seq_len: Output row length (at most ``2**20``).
         strategy: ``first_fit``, ``best_fit`` or ``concat``.
         overflow: ``split`` or ``truncate``.
         pad_id: Token id used for padding (an integer within int32).
@@ -154,6 +157,11 @@ class PackSequences(Transform):
     def __post_init__(self) -> None:
         if isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int) or self.seq_len < 1:
             raise self._spec_error(f"seq_len must be a positive integer; got {short_repr(self.seq_len)}")
+        if self.seq_len > MAX_ROW_LENGTH:
+            raise self._spec_error(
+                f"seq_len must be at most {MAX_ROW_LENGTH} (every packed row is allocated at "
+                f"this length); got {short_repr(self.seq_len)}"
+            )
         if self.strategy not in STRATEGIES:
             raise self._spec_error(
                 f"unknown strategy {short_repr(self.strategy)}; allowed: {', '.join(STRATEGIES)}"

@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 
 from slicefeed.connectors import SpecError, printable, short_repr
 from slicefeed.transforms._arrays import (
+    MAX_ROW_LENGTH,
     failing_rows,
     list_parts,
     make_list,
@@ -38,8 +39,9 @@ _BY_DIGEST: dict[str, Any] = {}
 #: the bytes last read from ``uri`` are still the file's; any change re-reads.
 _STAMPS: dict[str, tuple[tuple[Any, Any], str]] = {}
 _CACHE_LOCK = threading.Lock()
-#: Longest pad_or_truncate length: every row becomes a list of this length.
-MAX_PAD_LENGTH = 1 << 20
+
+
+_INT32_MAX = int(np.iinfo(np.int32).max)
 
 
 def _stamp(r) -> tuple[Any, Any]:
@@ -209,7 +211,8 @@ class Tokenize(Transform):
         tokenizer: ``"bytes"`` or a tokenizer.json path / URI.
         output: Output column (``list<int32>``).
         add_bos: Prepend the BOS id. add_eos: Append the EOS id.
-        bos_token: BOS token (string looked up in the vocabulary, or an id);
+        bos_token: BOS token (string looked up in the vocabulary, or an id in
+            ``[0, 2**31 - 1]``);
             defaults to 1 for ``bytes``; required with a tokenizer.json.
         eos_token: EOS token, likewise (default 2 for ``bytes``).
         max_length: Truncate to at most this many ids (BOS/EOS included).
@@ -243,6 +246,14 @@ class Tokenize(Transform):
             )
         if not self.output or not isinstance(self.output, str):
             raise self._spec_error(f"output must be a column name; got {short_repr(self.output)}")
+        for which in ("bos", "eos"):
+            value = getattr(self, f"{which}_token")
+            if isinstance(value, int) and not 0 <= value <= _INT32_MAX:
+                raise self._spec_error(
+                    f"{which}_token {short_repr(value)} is not a token id: ids are integers in "
+                    f"[0, {_INT32_MAX}] (the tokens' type is int32); give an id in that range or "
+                    "the token's string"
+                )
 
     @property
     def is_bytes(self) -> bool:
@@ -410,9 +421,9 @@ class PadOrTruncate(Transform):
     def __post_init__(self) -> None:
         if isinstance(self.length, bool) or not isinstance(self.length, int) or self.length < 1:
             raise self._spec_error(f"length must be a positive integer; got {short_repr(self.length)}")
-        if self.length > MAX_PAD_LENGTH:
+        if self.length > MAX_ROW_LENGTH:
             raise self._spec_error(
-                f"length must be at most {MAX_PAD_LENGTH} (one row's list is allocated at "
+                f"length must be at most {MAX_ROW_LENGTH} (one row's list is allocated at "
                 f"this length); got {short_repr(self.length)}"
             )
         if isinstance(self.pad_value, bool) or not isinstance(self.pad_value, (int, float)):

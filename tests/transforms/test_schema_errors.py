@@ -186,3 +186,33 @@ def test_fill_null_refuses_a_bool_for_another_type_and_another_type_for_bool(col
     assert ok.output_schema(schema) == schema
     table = pa.table({"flag": pa.array([None, True]), "n": pa.array([None, 3], pa.int64())})
     assert ok(table).to_pylist() == [{"flag": False, "n": 0}, {"flag": True, "n": 3}]
+
+
+@pytest.mark.parametrize("spec", [
+    {"hash_bucket": {"column": "text", "num_buckets": 4, "output": "_sf_row"}},
+    {"vocabulary": {"column": "text", "vocab": ["a"], "output": "_sf_file"}},
+    {"tokenize": {"column": "text", "output": "_sf_error"}},
+    {"pad_or_truncate": {"column": "ids", "length": 2, "output": "_sf_error"}},
+])
+def test_transforms_refuse_an_output_named_as_slicefeed_own_column(spec):
+    """`hash_bucket {output: _sf_row}` passed validation, then overwrote every
+    row's identity with its bucket (the bucket column never reached the
+    dataset, and later errors named the wrong rows); `output: _sf_error`
+    marked every row bad with its padded list as the reason. An ``output``
+    naming one of slicefeed's own columns is refused when the transform is
+    built, before any schema is known."""
+    with pytest.raises(SpecError, match=r"output '_sf_(row|file|error)' is slicefeed's own column"):
+        transform_from_spec(spec)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"tokenize": {"add_bos": True, "bos_token": 2**40}}, r"bos_token 1099511627776 is not a token id"),
+    ({"tokenize": {"add_eos": True, "eos_token": -1}}, r"eos_token -1 is not a token id"),
+    ({"pack_sequences": {"seq_len": 2**40}}, r"seq_len must be at most 1048576"),
+])
+def test_token_ids_and_lengths_out_of_range_are_refused_when_built(spec, message):
+    """`bos_token: 2**40` passed validation and the run then failed with a bare
+    OverflowError; `seq_len: 2**40` failed the schema check with Arrow's
+    message and a run with a 4 TiB allocation."""
+    with pytest.raises(SpecError, match=message):
+        transform_from_spec(spec)
