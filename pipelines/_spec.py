@@ -246,12 +246,38 @@ class _BudgetLoader(yaml.SafeLoader):
                 self._open.discard(anchor)
 
 
-# YAML 1.2 reads `1e3` and `2.5e-1` as numbers; PyYAML (YAML 1.1) reads an
-# exponent without a dot in the mantissa as a string, so a statistic written
-# `1e3` would reach a number argument as text.
+# Scalars are read as YAML 1.2's core schema reads them, not as YAML 1.1
+# (PyYAML's): only true/false (any case form YAML names) are booleans, so
+# `country: NO` is the text NO; no base-60 numbers (`12:30` is text); no
+# leading-zero octal (`010` is text; `0o10` is 8); `1e3` is a number. As
+# PyYAML did, `_` may group digits (`1_000`). YAML timestamps stay: a
+# fill value may be one (see `fill_null`).
+_YAML_1_1_TAGS = {"tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"}
+_BudgetLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag not in _YAML_1_1_TAGS]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
 _BudgetLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+_BudgetLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:int",
+    re.compile(r"^(?:[-+]?(?:0|[1-9][0-9_]*)|0o[0-7_]+|0x[0-9a-fA-F_]+)$"),
     list("-+0123456789"))
+_BudgetLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:\.[0-9][0-9_]*|[0-9][0-9_]*\.[0-9_]*)(?:[eE][-+]?[0-9]+)?
+                   |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+
+                   |[-+]?\.(?:inf|Inf|INF)
+                   |\.(?:nan|NaN|NAN))$""", re.VERBOSE),
+    list("-+0123456789."))
+
+
+def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    # Python's own literal rules: 0x and 0o prefixes, `_` between digits.
+    return int(loader.construct_scalar(node).replace("_", ""), 0)
+
+
+_BudgetLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 
 
 def safe_load_yaml(text: str, *, source: str = "pipeline spec") -> Any:

@@ -239,8 +239,10 @@ def _plural(hint: Any) -> str:
 _KNOWN_KINDS = {"string": "a", "integer": "an", "number": "a", "boolean": "a", "mapping": "a",
                 "list": "a", "null": "a"}
 #: Text YAML reads as a number or a boolean when it is not quoted.
-_UNQUOTED_SCALAR = re.compile(r"^\s*([-+]?(\d[\d_]*(\.\d*)?|\.\d+)([eE][-+]?\d+)?|true|false|yes|no|on|off)\s*$",
+_UNQUOTED_SCALAR = re.compile(r"^\s*([-+]?(\d[\d_]*(\.\d*)?|\.\d+)([eE][-+]?\d+)?|true|false)\s*$",
                               re.IGNORECASE)
+#: YAML 1.1's other booleans, which the spec loader (YAML 1.2) reads as text.
+_YAML_1_1_BOOLS = {"yes", "no", "on", "off", "y", "n"}
 
 
 def _hint(value: Any, want: str) -> str:
@@ -249,6 +251,8 @@ def _hint(value: Any, want: str) -> str:
         return "; leave the argument out for its default"
     if isinstance(value, str) and "string" not in want and _UNQUOTED_SCALAR.match(value):
         return "; in YAML, write it without quotes"
+    if isinstance(value, str) and "true or false" in want and value.lower() in _YAML_1_1_BOOLS:
+        return "; write true or false (YAML 1.2 reads yes/no/on/off as text)"
     if "string" in want and not isinstance(value, (str, list, tuple, Mapping)):
         return '; in YAML, quote it ("...")'
     if want.startswith("an integer") and isinstance(value, float):

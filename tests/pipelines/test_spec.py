@@ -303,6 +303,47 @@ def test_transform_argument_of_another_type_is_refused_at_validation(tmp_path, s
         validate_spec(load_spec(path))
 
 
+@pytest.mark.parametrize("written, value", [
+    ("NO", "NO"), ("no", "no"), ("on", "on"), ("Off", "Off"), ("y", "y"), ("yes", "yes"),
+    ("12:30", "12:30"), ("1:20:00.5", "1:20:00.5"), ("010", "010"), ("-007", "-007"),
+    ("0b101", "0b101"),
+    ("true", True), ("False", False), ("TRUE", True), ("0", 0), ("-12", -12), ("1_000", 1000),
+    ("0o17", 15), ("0x1F", 31), ("1e3", 1000.0), ("-2.5E-1", -0.25), (".5", 0.5),
+    ("1.", 1.0), ("+.5e1", 5.0), ("~", None), ("null", None),
+])
+def test_spec_yaml_reads_scalars_as_yaml_1_2_does(tmp_path, written, value):
+    """PyYAML reads YAML 1.1: `country: NO` (Norway) was false, `on` true,
+    `12:30` the number 750 and `010` the number 8, and `fill_null` wrote those
+    into a text column as 'false', 'true', '750' and '8'. The spec loader reads
+    YAML 1.2's core schema: only true/false are booleans, no base-60 numbers, no
+    leading-zero octal; what is not a YAML 1.2 number or boolean is the text
+    written."""
+    from slicefeed.transforms import transform_from_spec
+
+    path = tmp_path / "spec.yaml"
+    path.write_text("name: t\nsource: {format: jsonl, uri: /tmp/in.jsonl}\n"
+                    "sink: {format: parquet, uri: /tmp/out}\n"
+                    f"transforms:\n  - fill_null: {{values: {{c: {written}}}}}\n")
+    got = load_spec(path)["transforms"][0]["fill_null"]["values"]["c"]
+    assert got == value and type(got) is type(value)
+    if isinstance(value, str):
+        import pyarrow as pa
+
+        table = pa.table({"c": pa.array([None, "x"], pa.string())})
+        fill = transform_from_spec(validate_spec(load_spec(path))["transforms"][0])
+        assert fill(table)["c"].to_pylist() == [written, "x"]
+
+
+def test_yaml_1_1_boolean_for_a_flag_is_refused_with_true_or_false_as_the_fix(tmp_path):
+    path = tmp_path / "spec.yaml"
+    path.write_text("name: t\nsource: {format: jsonl, uri: /tmp/in.jsonl}\n"
+                    "sink: {format: parquet, uri: /tmp/out}\n"
+                    "transforms:\n  - random_flip: {column: image, horizontal: off}\n")
+    with pytest.raises(SpecError, match=r"argument 'horizontal' must be true or false; got 'off' \(a string\); "
+                                        r"write true or false \(YAML 1\.2 reads yes/no/on/off as text\)"):
+        validate_spec(load_spec(path))
+
+
 def test_transform_arguments_of_their_declared_types_pass_and_ints_are_numbers(tmp_path):
     """The check refuses only other types: an integer where a number is declared
     is that number, numpy scalars are the plain numbers they hold (one
